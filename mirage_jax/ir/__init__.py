@@ -1,0 +1,42 @@
+"""The μGraph IR: one op vocabulary, typed frozen graphs at three levels, canonical text."""
+
+from __future__ import annotations
+
+from mirage_jax.ir.graph import (
+    BlockBuilder,
+    BlockGraph,
+    Graph,
+    KernelBuilder,
+    KernelGraph,
+    Node,
+    Phase,
+    ThreadBuilder,
+    ThreadGraph,
+    Value,
+    node_phase,
+    rebuild,
+)
+from mirage_jax.ir.ops import (
+    ACCUMULATORS,
+    BINARY,
+    ELEMENTWISE,
+    LAYOUT,
+    NONE_DIM,
+    OP_INFO,
+    REDUCTIONS,
+    SCALAR_UNARY,
+    UNARY,
+    Level,
+    Op,
+)
+from mirage_jax.ir.shapes import BlockContext
+from mirage_jax.ir.text import fingerprint, parse, to_text
+from mirage_jax.ir.types import BF16, F16, F32, F64, DType, TensorType
+
+__all__ = [
+    "ACCUMULATORS", "BF16", "BINARY", "ELEMENTWISE", "F16", "F32", "F64", "LAYOUT", "NONE_DIM",
+    "OP_INFO", "REDUCTIONS", "SCALAR_UNARY", "UNARY", "BlockBuilder", "BlockContext",
+    "BlockGraph", "DType", "Graph", "KernelBuilder", "KernelGraph", "Level", "Node", "Op",
+    "Phase", "TensorType", "ThreadBuilder", "ThreadGraph", "Value", "fingerprint", "node_phase",
+    "parse", "rebuild", "to_text",
+]  # fmt: skip
