@@ -1,0 +1,182 @@
+"""Cut a flat jaxpr into regions: maximal contiguous runs of equations the rules accept.
+
+Contiguous runs in jaxpr order are always convex (no path leaves a run and comes back), so a
+region can be replaced by one call. An equation no rule accepts cuts the current region and is
+reported as a ``Cut`` with the reason and the user's source line. A run with no compute op
+(only layout and casts), or whose results nobody uses, is not a region: XLA keeps it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from jax.extend.core import DropVar, JaxprEqn, Var
+
+from mirage_jax.errors import GraphError
+from mirage_jax.frontend.builder import RegionBuilder, Unsupported, View, atom_key, tensor_type
+from mirage_jax.frontend.flatten import FlatJaxpr
+from mirage_jax.frontend.rules import RULES, unsupported_reason
+from mirage_jax.ir import KernelGraph
+
+log = logging.getLogger("mirage_jax")
+
+
+@dataclass(frozen=True, eq=False)
+class Region:
+    """A run of supported equations and the kernel graph computing the same values.
+
+    ``graph``'s INPUT nodes are ``inputs`` in order (jaxpr vars, or literals the graph needs
+    as tensors) and its OUTPUT nodes are ``outputs`` in order (vars defined here and used
+    later, or program outputs), each with exactly the var's shape and dtype. ``span`` is the
+    equation range ``[start, stop)`` of the flat jaxpr; ``eqns`` the equations of the span
+    that the outputs need (what XLA runs for this region).
+    """
+
+    index: int
+    graph: KernelGraph
+    inputs: tuple[Any, ...]
+    outputs: tuple[Var, ...]
+    span: tuple[int, int]
+    eqns: tuple[int, ...]
+    sources: tuple[str, ...]
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(str, self.graph.input_types))
+        outs = ", ".join(map(str, self.graph.output_types))
+        return (
+            f"Region({self.index}: equations [{self.span[0]}, {self.span[1]}), ({ins}) -> ({outs}))"
+        )
+
+    def describe(self) -> str:
+        ins = ", ".join(_atom_text(a, t) for a, t in zip(self.inputs, self.graph.input_types))
+        outs = ", ".join(map(str, self.graph.output_types))
+        lines = [
+            f"region {self.index}: equations [{self.span[0]}, {self.span[1]})",
+            f"  inputs: {ins}",
+            f"  outputs: {outs}",
+        ]
+        lines += [f"  from {s}" for s in self.sources]
+        lines += ["  " + line for line in str(self.graph).splitlines()]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """An equation no rule accepts: it stays with XLA and splits the regions around it."""
+
+    primitive: str
+    reason: str
+    source: str | None
+    eqn_index: int
+
+    def __str__(self) -> str:
+        return f"{self.primitive} at {self.source or 'an unknown source line'}: {self.reason}"
+
+
+def _atom_text(atom: Any, t: Any) -> str:
+    if isinstance(atom, Var):
+        return str(t)
+    return f"{t} (literal {atom.val})"
+
+
+def partition(flat: FlatJaxpr) -> tuple[tuple[Region, ...], tuple[Cut, ...]]:
+    """The regions and cuts of a flat jaxpr, in equation order."""
+    return _Partitioner(flat).run()
+
+
+class _Partitioner:
+    def __init__(self, flat: FlatJaxpr) -> None:
+        self.eqns = flat.closed.jaxpr.eqns
+        self.sources = flat.sources
+        self.last_use: dict[Var, int] = {}
+        for i, eqn in enumerate(self.eqns):
+            self.last_use.update((a, i) for a in eqn.invars if isinstance(a, Var))
+        self.program_outs = {a for a in flat.closed.jaxpr.outvars if isinstance(a, Var)}
+        self.regions: list[Region] = []
+        self.cuts: list[Cut] = []
+
+    def run(self) -> tuple[tuple[Region, ...], tuple[Cut, ...]]:
+        builder = RegionBuilder(0)
+        for i, eqn in enumerate(self.eqns):
+            reason = self._apply(builder, eqn)
+            if reason is None:
+                continue
+            self.cuts.append(Cut(eqn.primitive.name, reason, self.sources[i], i))
+            self._close(builder, i)
+            builder = RegionBuilder(i + 1)
+        self._close(builder, len(self.eqns))
+        return tuple(self.regions), tuple(self.cuts)
+
+    def _apply(self, b: RegionBuilder, eqn: JaxprEqn) -> str | None:
+        """Add ``eqn`` to the region; the reason it cannot be added, or ``None``."""
+        name = eqn.primitive.name
+        rule = RULES.get(name)
+        if rule is None:
+            return unsupported_reason(name)
+        if eqn.effects:
+            return f"{name} has side effects"
+        mark = b.mark()
+        outvars = [v for v in eqn.outvars if not isinstance(v, DropVar)]
+        try:
+            for atom in (*eqn.invars, *outvars):
+                tensor_type(atom.aval)
+            views = rule(b, eqn)
+            for var, view in zip(eqn.outvars, views):
+                self._check(b, var, view)
+        except Unsupported as err:
+            b.rollback(mark)
+            return err.reason
+        except GraphError as err:  # a rule bug: keep it with XLA rather than fail the user
+            b.rollback(mark)
+            log.warning("mirage_jax frontend: %s rule failed: %s", name, err)
+            return f"internal error in the {name} rule ({err.cause}); please report it"
+        b.env.update((v, view) for v, view in zip(eqn.outvars, views) if v in outvars)
+        return None
+
+    @staticmethod
+    def _check(b: RegionBuilder, var: Any, view: View) -> None:
+        want, have = tensor_type(var.aval), b.type(view.vid)
+        same_size = have.size == want.size
+        broadcast = have.rank == want.rank and all(
+            h in (1, w) for h, w in zip(have.shape, want.shape)
+        )
+        if have.dtype is not want.dtype or view.shape != want.shape or not (same_size or broadcast):
+            raise GraphError(f"rule produced {have} for a var of type {want}")
+
+    def _close(self, b: RegionBuilder, end: int) -> None:
+        start = b.start
+        span = range(start, end)
+        outvars = [
+            v for i in span for v in self.eqns[i].outvars
+            if not isinstance(v, DropVar)
+            and (self.last_use.get(v, -1) >= end or v in self.program_outs)
+        ]  # fmt: skip
+        if not outvars:
+            return
+        live = self._live_eqns(span, outvars)
+        reads = {atom_key(a) for i in live for a in self.eqns[i].invars}
+        try:
+            built = b.finish(outvars, reads.__contains__)
+        except GraphError as err:
+            log.warning("mirage_jax frontend: region at equation %d failed: %s", start, err)
+            reason = f"internal error building the region's μGraph ({err.cause}); please report it"
+            self.cuts.append(Cut("<region>", reason, self.sources[start], start))
+            return
+        if built is None:
+            return
+        graph, inputs = built
+        sources = tuple(dict.fromkeys(s for i in live if (s := self.sources[i]) is not None))
+        self.regions.append(
+            Region(len(self.regions), graph, inputs, tuple(outvars), (start, end), live, sources)
+        )
+
+    def _live_eqns(self, span: range, outvars: list[Var]) -> tuple[int, ...]:
+        needed, live = set(outvars), []
+        for i in reversed(span):
+            eqn = self.eqns[i]
+            if any(v in needed for v in eqn.outvars if not isinstance(v, DropVar)):
+                live.append(i)
+                needed.update(a for a in eqn.invars if isinstance(a, Var))
+        return tuple(reversed(live))

@@ -1,0 +1,281 @@
+"""The primitive -> rule table that turns jaxpr equations into kernel-graph nodes.
+
+A rule takes the region under construction and one equation and returns a ``View`` per
+output var, or raises ``Unsupported`` with the reason for the cut report. Rules only add
+nodes (the partitioner rolls a failed rule back) and never define vars themselves.
+A primitive that is not in ``RULES`` always cuts its region.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from jax.extend.core import JaxprEqn
+
+from mirage_jax.frontend.builder import RegionBuilder, Unsupported, View, tensor_type
+from mirage_jax.ir import Op
+
+Rule = Callable[[RegionBuilder, JaxprEqn], list[View]]
+
+
+def _out_shape(eqn: JaxprEqn, i: int = 0) -> tuple[int, ...]:
+    return tuple(eqn.outvars[i].aval.shape)
+
+
+def _finish(b: RegionBuilder, eqn: JaxprEqn, vid: int, shape: tuple[int, ...]) -> list[View]:
+    """One output view, cast to the output var's dtype if the op changed it (``out_dtype``)."""
+    return [b.view(b.cast(vid, tensor_type(eqn.outvars[0].aval).dtype), shape)]
+
+
+# ---------------------------------------------------------------------------- elementwise
+
+
+def _unary(op: Op) -> Rule:
+    def rule(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+        x = b.tensor(eqn.invars[0])
+        return [b.view(b.apply(op, x.vid), x.shape)]
+
+    return rule
+
+
+def _identity(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    return [b.tensor(eqn.invars[0])]
+
+
+def _abs(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    x = b.tensor(eqn.invars[0])  # |x| == max(x, -x) exactly
+    return [b.view(b.apply(Op.MAX, x.vid, b.apply(Op.NEG, x.vid)), x.shape)]
+
+
+def _erfc(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    # 1 - erf(x): exact to float eps absolutely (what jax.nn.gelu(approximate=False) needs),
+    # though not relatively deep in the tail where erfc itself is tiny.
+    x = b.tensor(eqn.invars[0])
+    minus_erf = b.apply(Op.NEG, b.apply(Op.ERF, x.vid))
+    return [b.view(b.apply(Op.ADD_SCALAR, minus_erf, scalar=1.0), x.shape)]
+
+
+def _integer_pow(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    x, y = b.tensor(eqn.invars[0]), int(eqn.params["y"])
+    if y == 0:
+        raise Unsupported("integer_pow with exponent 0 is a constant")
+    if y == 1:
+        return [x]
+    op_attrs = {2: (Op.SQUARE, {}), -1: (Op.RECIPROCAL, {})}
+    op, attrs = op_attrs.get(y, (Op.POW_SCALAR, {"exponent": float(y)}))
+    return [b.view(b.apply(op, x.vid, **attrs), x.shape)]
+
+
+def _scalar_op(b: RegionBuilder, name: str, x: View, c: float, scalar_right: bool) -> int | None:
+    """``x <name> c`` (or ``c <name> x``) with a scalar attribute; ``None`` if there is none."""
+    v = x.vid
+    if name == "mul":
+        return b.apply(Op.MUL_SCALAR, v, scalar=c)
+    if name == "add":
+        return b.apply(Op.ADD_SCALAR, v, scalar=c)
+    if name == "sub":
+        if scalar_right:
+            return b.apply(Op.ADD_SCALAR, v, scalar=-c)
+        return b.apply(Op.ADD_SCALAR, b.apply(Op.NEG, v), scalar=c)  # c - x == (-x) + c exactly
+    if name == "div":
+        if scalar_right:
+            inv = 1.0 / c if c != 0 else math.copysign(math.inf, c)
+            return b.apply(Op.MUL_SCALAR, v, scalar=inv)
+        r = b.apply(Op.RECIPROCAL, v)
+        return r if c == 1.0 else b.apply(Op.MUL_SCALAR, r, scalar=c)
+    if name == "pow" and scalar_right:
+        return b.apply(Op.POW_SCALAR, v, exponent=c)
+    if name == "max" and c in (0.0, -math.inf):
+        return b.apply(Op.RELU, v) if c == 0.0 else v
+    if name == "min" and c in (0.0, math.inf):  # min(x, 0) == -relu(-x)
+        return b.apply(Op.NEG, b.apply(Op.RELU, b.apply(Op.NEG, v))) if c == 0.0 else v
+    return None
+
+
+_BINARY = {"add": Op.ADD, "sub": Op.SUB, "mul": Op.MUL, "div": Op.DIV, "max": Op.MAX}
+
+
+def _tensor_op(b: RegionBuilder, name: str, x: int, y: int) -> int:
+    if name == "min":  # min(x, y) == -max(-x, -y) exactly
+        return b.apply(Op.NEG, b.apply(Op.MAX, b.apply(Op.NEG, x), b.apply(Op.NEG, y)))
+    if name == "mul":  # x * sigmoid(x) is silu
+        for p, q in ((x, y), (y, x)):
+            op, ins, _ = b.producer(q)
+            if op is Op.SIGMOID and ins == (p,):
+                return b.apply(Op.SILU, p)
+    if name not in _BINARY:
+        raise Unsupported(f"{name} of two tensors has no μGraph operator")
+    return b.apply(_BINARY[name], x, y)
+
+
+def combine(b: RegionBuilder, name: str, x_in: Any, y_in: Any, shape: tuple[int, ...]) -> View:
+    """The view of ``x <name> y`` (atoms or views) with logical result ``shape``."""
+    x, y = (v if isinstance(v, View) else b.operand(v) for v in (x_in, y_in))
+    if isinstance(x, float) and isinstance(y, float):
+        raise Unsupported(f"{name} of two constants")
+    if isinstance(x, float) or isinstance(y, float):
+        scalar_right = isinstance(y, float)
+        t, c = (x, y) if scalar_right else (y, x)
+        vid = _scalar_op(b, name, t, c, scalar_right)  # type: ignore[arg-type]
+        if vid is not None:
+            return b.view(vid, t.shape)  # type: ignore[union-attr]
+        # No scalar form: the constant becomes a region input.
+        x, y = (v if isinstance(v, View) else b.tensor(v) for v in (x_in, y_in))
+    rank = len(shape)
+    vid = _tensor_op(b, name, b.aligned(x, rank), b.aligned(y, rank))  # type: ignore[arg-type]
+    return b.view(vid, shape)
+
+
+def _binary(name: str) -> Rule:
+    def rule(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+        out = combine(b, name, *eqn.invars, _out_shape(eqn))
+        return _finish(b, eqn, out.vid, out.shape)
+
+    return rule
+
+
+def _clamp(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    lo, x, hi = eqn.invars
+    shape = _out_shape(eqn)
+    return [combine(b, "min", combine(b, "max", x, lo, shape), hi, shape)]
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def _reduce(kind: str) -> Rule:
+    def rule(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+        x = b.tensor(eqn.invars[0])
+        axes = tuple(sorted(int(a) for a in eqn.params["axes"]))
+        vid = x.vid if b.is_broadcast(x) else b.reshape(x.vid, x.shape)
+        vid = b.apply(Op.NEG, vid) if kind == "min" else vid  # min == -max(-x)
+        factor = 1
+        for d in axes:
+            if x.shape[d] == 1:
+                continue
+            if b.shape(vid)[d] == 1:  # a broadcast dim: sum of n copies, max of copies
+                factor *= x.shape[d] if kind == "sum" else 1
+                continue
+            vid = b.apply(Op.REDUCE_SUM if kind == "sum" else Op.REDUCE_MAX, vid, dim=d)
+        vid = b.apply(Op.NEG, vid) if kind == "min" else vid
+        vid = b.apply(Op.MUL_SCALAR, vid, scalar=float(factor)) if factor != 1 else vid
+        out = _out_shape(eqn)
+        kept = tuple(s for d, s in enumerate(b.shape(vid)) if d not in axes)
+        if kept != out:  # still broadcast along kept dims: drop the reduced dims for real
+            vid = b.reshape(vid, kept)
+        return [b.view(vid, out)]
+
+    return rule
+
+
+# --------------------------------------------------------------------------------- layout
+
+
+def _broadcast_in_dim(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    x = b.tensor(eqn.invars[0])
+    dims = tuple(eqn.params["broadcast_dimensions"])
+    if list(dims) != sorted(dims):
+        raise Unsupported("broadcast_in_dim with unordered broadcast_dimensions")
+    src = b.shape(x.vid) if b.is_broadcast(x) else x.shape
+    out = _out_shape(eqn)
+    target = [1] * len(out)
+    for i, d in enumerate(dims):
+        target[d] = src[i]
+    return [b.view(b.reshape(x.vid, target), out)]
+
+
+def _non_unit(shape: tuple[int, ...]) -> list[int]:
+    return [d for d in shape if d != 1]
+
+
+def _reshape(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    if eqn.params.get("dimensions") is not None:
+        raise Unsupported("reshape with a dimension permutation")
+    x, out = b.tensor(eqn.invars[0]), _out_shape(eqn)
+    if not b.is_broadcast(x):
+        return [b.view(x.vid, out)]  # same row-major elements: nothing to emit
+    if _non_unit(x.shape) != _non_unit(out):
+        return [b.view(b.exact(x), out)]
+    # Only unit dims come or go: carry the broadcast along the surviving dims.
+    have = iter(g for g, s in zip(b.shape(x.vid), x.shape) if s != 1)
+    target = [next(have) if s != 1 else 1 for s in out]
+    return [b.view(b.reshape(x.vid, target), out)]
+
+
+def _transpose(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    x, perm = b.tensor(eqn.invars[0]), tuple(eqn.params["permutation"])
+    vid = x.vid if b.is_broadcast(x) else b.reshape(x.vid, x.shape)
+    return [b.view(b.permute(vid, perm), (x.shape[p] for p in perm))]
+
+
+def _convert(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    x = b.tensor(eqn.invars[0])
+    return [b.view(b.cast(x.vid, tensor_type(eqn.outvars[0].aval).dtype), x.shape)]
+
+
+def _concatenate(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    dim = int(eqn.params["dimension"])
+    vids = [b.exact(b.tensor(a)) for a in eqn.invars]
+    vid = vids[0]
+    for other in vids[1:]:
+        vid = b.apply(Op.CONCAT, vid, other, dim=dim)
+    return [b.view(vid, _out_shape(eqn))]
+
+
+# ---------------------------------------------------------------------------- contraction
+
+
+def _dot_general(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    """Any dot_general as ``[batch..., m, k] @ [batch..., k, n]``: transpose, then reshape."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    dtype = tensor_type(eqn.outvars[0].aval).dtype
+    x, y = (b.tensor(a) for a in eqn.invars)
+    xs, ys = x.shape, y.shape
+    x_free = [d for d in range(len(xs)) if d not in lc and d not in lb]
+    y_free = [d for d in range(len(ys)) if d not in rc and d not in rb]
+    batch = tuple(xs[d] for d in lb)
+    m, k = math.prod(xs[d] for d in x_free), math.prod(xs[d] for d in lc)
+    n = math.prod(ys[d] for d in y_free)
+    lhs = b.permute(b.cast(b.exact(x), dtype), (*lb, *x_free, *lc))
+    rhs = b.permute(b.cast(b.exact(y), dtype), (*rb, *rc, *y_free))
+    vid = b.apply(Op.MATMUL, b.reshape(lhs, (*batch, m, k)), b.reshape(rhs, (*batch, k, n)))
+    return [b.view(vid, _out_shape(eqn))]
+
+
+# ---------------------------------------------------------------------------------- table
+
+RULES: dict[str, Rule] = {
+    **{name: _unary(op) for name, op in {
+        "exp": Op.EXP, "log": Op.LOG, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "tanh": Op.TANH,
+        "logistic": Op.SIGMOID, "erf": Op.ERF, "neg": Op.NEG, "square": Op.SQUARE,
+    }.items()},
+    **{name: _binary(name) for name in ("add", "sub", "mul", "div", "max", "min", "pow")},
+    "abs": _abs,
+    "erfc": _erfc,
+    "integer_pow": _integer_pow,
+    "clamp": _clamp,
+    "reduce_sum": _reduce("sum"),
+    "reduce_max": _reduce("max"),
+    "reduce_min": _reduce("min"),
+    "broadcast_in_dim": _broadcast_in_dim,
+    "reshape": _reshape,
+    "squeeze": _reshape,
+    "transpose": _transpose,
+    "convert_element_type": _convert,
+    "copy": _identity,
+    "copy_p": _identity,
+    "stop_gradient": _identity,
+    "concatenate": _concatenate,
+    "dot_general": _dot_general,
+}  # fmt: skip
+
+# Primitives that take whole sub-programs: named in the cut report as control flow.
+CONTROL_FLOW = frozenset({"cond", "while", "scan", "fori_loop", "switch", "custom_linear_solve"})
+
+
+def unsupported_reason(name: str) -> str:
+    if name in CONTROL_FLOW:
+        return f"control flow ({name}) is not expressible in a μGraph; it stays with XLA"
+    return f"no μGraph operator for {name}; it stays with XLA"

@@ -1,0 +1,479 @@
+"""The frontend: tracing, inlining, the rule table, partitioning and TracedProgram.run.
+
+Every numeric check runs the program with each region computed by the reference interpreter
+on its kernel graph (``mirage_jax.interpret.evaluate``) and everything else replayed by jax,
+on fresh random inputs, against ``jax.jit`` of the original function.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import check_jaxpr
+
+from mirage_jax import suite
+from mirage_jax.errors import TraceError
+from mirage_jax.frontend import Cut, Region, TracedProgram, trace
+from mirage_jax.interpret import evaluate
+from mirage_jax.ir import Op
+
+RTOL = 2e-4
+
+
+def _leaves(tree):
+    return [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def _assert_close(got, want, rtol: float = RTOL) -> None:
+    got, want = _leaves(got), _leaves(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * scale)
+
+
+def _interpreted(program: TracedProgram) -> dict:
+    """Region implementations that evaluate each region's kernel graph with numpy."""
+
+    def impl(region: Region):
+        return lambda *xs: evaluate(region.graph, [np.asarray(x) for x in xs])
+
+    return {r.index: impl(r) for r in program.regions}
+
+
+def _check_regions_match_xla(program: TracedProgram, seed: int) -> None:
+    """Each graph computes what its equations compute, on random inputs of its input types."""
+    rng = np.random.default_rng(seed)
+    for region in program.regions:
+        ins = [rng.standard_normal(t.shape).astype(t.dtype.numpy) for t in region.graph.input_types]
+        with np.errstate(all="ignore"):  # random inputs may leave log/sqrt's domain
+            got = evaluate(region.graph, ins)
+            want = program.region_callable(region.index)(*ins)
+        assert [tuple(np.shape(w)) for w in want] == [t.shape for t in region.graph.output_types]
+        with np.errstate(invalid="ignore"):
+            for g, w in zip(got, want):
+                w = np.asarray(w, np.float64)
+                scale = max(1.0, float(np.nanmax(np.abs(w)))) if np.isfinite(w).any() else 1.0
+                np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL * scale, equal_nan=True)
+
+
+def check(fn, *args, seed: int = 1, fresh=None, **kwargs) -> TracedProgram:
+    """Trace at ``args``, then compare the interpreted program with jax.jit on fresh inputs."""
+    program = trace(fn, *args, **kwargs)
+    check_jaxpr(program.jaxpr.jaxpr)
+    new = fresh if fresh is not None else _fresh_like(args, seed)
+    got = program.run(*new, region_impls=_interpreted(program))
+    _assert_close(got, jax.jit(fn)(*new))
+    _check_regions_match_xla(program, seed + 100)
+    return program
+
+
+def _fresh_like(args, seed: int):
+    rng = np.random.default_rng(seed)
+
+    def fresh(x):
+        if isinstance(x, (float, int)):
+            return x
+        return rng.standard_normal(np.shape(x)).astype(np.asarray(x).dtype)
+
+    return jax.tree_util.tree_map(fresh, args)
+
+
+def _ops(region: Region) -> list[Op]:
+    return [n.op for n in region.graph.nodes]
+
+
+def _line_of(fn, text: str) -> int:
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def _randn(*shape: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:
+    return (scale * np.random.default_rng(seed).standard_normal(shape)).astype(np.float32)
+
+
+# ------------------------------------------------------------------------ the suite programs
+
+MATMULS = {"rmsnorm_linear": 1, "gated_mlp": 2, "lora": 3, "gqa_decode": 2, "qknorm_attn": 2,
+           "ntrans": 0}  # fmt: skip
+
+
+@pytest.mark.parametrize("bs", [1, 8])
+@pytest.mark.parametrize("name", list(MATMULS))
+def test_suite_program_is_one_region_matching_jit(name: str, bs: int) -> None:
+    (program,) = [p for p in suite.programs(bs) if p.name == name]
+    example = [jax.ShapeDtypeStruct(s, np.float32) for s in program.shapes]
+    traced = trace(program.fn, *example)
+    assert len(traced.regions) == 1 and traced.cuts == ()
+    region = traced.regions[0]
+    assert region.span == (0, len(traced.eqns))
+    assert [t.shape for t in region.graph.input_types] == list(program.shapes)
+    assert _ops(region).count(Op.MATMUL) == MATMULS[name]
+    assert not {Op.TRANSPOSE, Op.CONCAT} & set(_ops(region))  # all layouts fold into the IR
+    inputs = suite.make_inputs(program, seed=bs)
+    got = traced.run(*inputs, region_impls=_interpreted(traced))
+    _assert_close(got, jax.jit(program.fn)(*inputs))
+
+
+def test_suite_shapes_and_inputs() -> None:
+    by_name = {p.name: p for p in suite.programs(8)}
+    assert by_name["rmsnorm_linear"].shapes == ((16, 4096), (4096,), (4096, 6144))
+    assert by_name["lora"].shapes == ((128, 256), (256, 4096), (256, 16), (16, 4096))
+    assert by_name["gqa_decode"].shapes == ((16, 256, 64), (16, 64, 4096), (16, 4096, 64))
+    w = suite.make_inputs(by_name["gated_mlp"], seed=0)[1]
+    assert w.dtype == np.float32 and abs(float(w.std()) - 4096**-0.5) < 1e-3
+    a, b = (suite.make_inputs(by_name["ntrans"], seed=s)[0] for s in (0, 1))
+    assert not np.array_equal(a, b)
+
+
+EXTRA = {"layernorm": 1, "softmax": 1, "residual_relu": 1, "gelu_mlp": 1, "pytree_mlp": 1,
+         "sort_between": 2, "cumsum_between": 2}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(EXTRA))
+def test_extra_suite_programs(name: str) -> None:
+    (program,) = [p for p in suite.extra_programs() if p.name == name]
+    args = program.call_args(suite.make_inputs(program, seed=0))
+    fresh = program.call_args(suite.make_inputs(program, seed=1))
+    traced = check(program.fn, *args, fresh=fresh)
+    assert len(traced.regions) == EXTRA[name]
+    assert len(traced.cuts) == EXTRA[name] - 1
+
+
+def test_cut_in_suite_program_names_primitive_and_suite_line() -> None:
+    (program,) = [p for p in suite.extra_programs() if p.name == "sort_between"]
+    traced = trace(program.fn, *suite.make_inputs(program))
+    (cut,) = traced.cuts
+    assert cut.primitive == "sort"
+    assert f"suite.py:{_line_of(suite.sort_between, 'h = jnp.sort(')}" in cut.source
+    assert Op.MATMUL in _ops(traced.regions[0]) and Op.EXP in _ops(traced.regions[1])
+
+
+# --------------------------------------------------------------------------- golden text
+
+
+def _golden(x, g):
+    y = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g
+    return jax.nn.silu(y).sum(-1)
+
+
+GOLDEN = """\
+kernel {
+  %0 = input : f32[4,8]
+  %1 = input : f32[8]
+  %2 = mul(%0, %0) : f32[4,8]
+  %3 = reduce_sum[dim=1](%2) : f32[4,1]
+  %4 = mul_scalar[scalar=0.125](%3) : f32[4,1]
+  %5 = add_scalar[scalar=9.999999974752427e-07](%4) : f32[4,1]
+  %6 = rsqrt(%5) : f32[4,1]
+  %7 = mul(%0, %6) : f32[4,8]
+  %8 = reshape[shape=(1,8)](%1) : f32[1,8]
+  %9 = mul(%7, %8) : f32[4,8]
+  %10 = silu(%9) : f32[4,8]
+  %11 = reduce_sum[dim=1](%10) : f32[4,1]
+  %12 = reshape[shape=(4)](%11) : f32[4]
+  output(%12)
+}
+"""
+
+
+def test_golden_kernel_graph_text() -> None:
+    traced = check(_golden, _randn(4, 8), _randn(8, seed=1))
+    assert str(traced.regions[0].graph) == GOLDEN
+
+
+# ------------------------------------------------------------------------------ rule table
+
+POSITIVE = {"log", "sqrt", "rsqrt", "pow_half", "pow_float"}
+ELEMENTWISE = {
+    "exp": jnp.exp, "log": jnp.log, "sqrt": jnp.sqrt, "rsqrt": jax.lax.rsqrt,
+    "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf,
+    "neg": lambda x: -x, "square": jnp.square, "cube": lambda x: x**3,
+    "inverse": lambda x: x**-1, "pow_half": lambda x: jnp.power(x, 0.5),
+    "pow_float": lambda x: x**1.5, "abs": jnp.abs, "scalar_div": lambda x: 2.0 / x,
+    "div_scalar": lambda x: x / 3.0, "scalar_sub": lambda x: 2.0 - x,
+    "sub_scalar": lambda x: x - 2.0, "relu": jax.nn.relu,
+    "max_const": lambda x: jnp.maximum(x, 0.3),
+    "min_zero": lambda x: jnp.minimum(x, 0.0), "min_const": lambda x: jnp.minimum(2.0, x),
+    "clip": lambda x: jnp.clip(x, -0.5, 0.5), "clamp": lambda x: jax.lax.clamp(-0.5, x, 0.5),
+    "silu": jax.nn.silu, "gelu_tanh": jax.nn.gelu,
+    "gelu_erf": lambda x: jax.nn.gelu(x, approximate=False), "relu6": jax.nn.relu6,
+    "softplus_free": lambda x: jnp.maximum(x, -jnp.inf), "copy": lambda x: jnp.array(x, copy=True),
+    "stop_gradient": jax.lax.stop_gradient, "f16_cast": lambda x: x.astype(jnp.float16) * 2,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(ELEMENTWISE))
+def test_elementwise_rules(name: str) -> None:
+    x = _randn(8, 16, seed=3)
+    x = np.abs(x) + 0.5 if name in POSITIVE else x
+    fresh = np.abs(_randn(8, 16, seed=4)) + 0.5 if name in POSITIVE else _randn(8, 16, seed=4)
+    fn = ELEMENTWISE[name]
+    traced = check(lambda x: fn(x) + x, x, fresh=(fresh,))  # "+ x": identities need company
+    assert len(traced.regions) == 1 and traced.cuts == ()
+
+
+def test_silu_is_recognised_and_custom_jvp_inlined() -> None:
+    traced = check(lambda x: jax.nn.silu(x) + jax.nn.relu(x), _randn(4, 8))
+    names = {e.primitive.name for e in traced.eqns}
+    assert not names & {"jit", "custom_jvp_call"}
+    ops = _ops(traced.regions[0])
+    assert Op.SILU in ops and Op.RELU in ops and Op.SIGMOID not in ops
+
+
+def test_user_custom_jvp_and_custom_vjp_are_inlined() -> None:
+    @jax.custom_jvp
+    def soft(x):
+        return jnp.log(1.0 + jnp.exp(x))
+
+    soft.defjvp(lambda p, t: (soft(p[0]), t[0] * jax.nn.sigmoid(p[0])))
+
+    @jax.custom_vjp
+    def scaled(x):
+        return 3.0 * jnp.tanh(x)
+
+    scaled.defvjp(lambda x: (scaled(x), x), lambda x, g: (g,))
+    traced = check(lambda x: soft(x) * scaled(x), _randn(4, 8))
+    assert len(traced.regions) == 1
+    assert not {e.primitive.name for e in traced.eqns} & {"custom_jvp_call", "custom_vjp_call"}
+
+
+def test_nested_jit_is_inlined_and_calls_share_nodes() -> None:
+    @jax.jit
+    def inner(x, w):
+        return jnp.tanh(x @ w)
+
+    def outer(x, w):
+        return inner(x, w) + jax.jit(lambda y: inner(y, w) * 2.0)(x)
+
+    traced = check(outer, _randn(4, 16), _randn(16, 8, seed=1))
+    assert "jit" not in {e.primitive.name for e in traced.eqns}
+    assert len(traced.regions) == 1
+    assert _ops(traced.regions[0]).count(Op.MATMUL) == 1  # the repeated call is shared
+
+
+def test_einsum_with_transposed_operand() -> None:
+    def attn_scores(q, k):
+        return jnp.einsum("bqd,bkd->bqk", q, k)
+
+    traced = check(attn_scores, _randn(2, 4, 8), _randn(2, 6, 8, seed=1))
+    (region,) = traced.regions
+    (tr,) = region.graph.nodes_of(Op.TRANSPOSE)
+    assert tr.attr("perm") == (0, 2, 1)
+
+
+DOTS = {
+    "x_wT": (lambda x, w: x @ w.T, [(4, 8), (6, 8)]),
+    "xT_w": (lambda x, w: x.T @ w, [(8, 4), (8, 6)]),
+    "vec_mat": (lambda v, w: v @ w, [(8,), (8, 6)]),
+    "mat_vec": (lambda w, v: w @ v, [(6, 8), (8,)]),
+    "dot": (lambda a, b: jnp.dot(a, b), [(8,), (8,)]),
+    "two_batch_dims": (lambda a, b: jnp.einsum("abij,abjk->abik", a, b),
+                       [(2, 3, 4, 5), (2, 3, 5, 6)]),
+    "two_contracting": (lambda a, b: jnp.einsum("ijk,jkl->il", a, b), [(4, 3, 5), (3, 5, 2)]),
+    "batch_not_leading": (lambda a, b: jnp.einsum("ibj,bjk->bik", a, b), [(4, 2, 5), (2, 5, 3)]),
+    "outer": (lambda a, b: jnp.einsum("i,j->ij", a, b), [(4,), (5,)]),
+    "broadcast_batch": (lambda a, w: a @ w, [(2, 3, 4), (4, 5)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(DOTS))
+def test_dot_general_forms(name: str) -> None:
+    fn, shapes = DOTS[name]
+    args = [_randn(*s, seed=i) for i, s in enumerate(shapes)]
+    traced = check(fn, *args)
+    assert len(traced.regions) == 1 and traced.cuts == ()
+    assert _ops(traced.regions[0]).count(Op.MATMUL) == 1
+
+
+def test_reductions_over_several_axes_and_min() -> None:
+    def reductions(x):
+        return jnp.sum(x, (0, 2)), jnp.max(x, (1, 2)), jnp.min(x, 1), jnp.mean(x), x.sum(-1) * 2
+
+    traced = check(reductions, _randn(3, 4, 5))
+    assert len(traced.regions) == 1
+    shapes = [t.shape for t in traced.regions[0].graph.output_types]
+    assert shapes == [(4,), (3,), (3, 5), (), (3, 4)]
+
+
+def test_broadcasts_stay_implicit_until_needed() -> None:
+    def bcast(x, v, s):
+        col = jnp.sum(x, -1, keepdims=True)
+        summed = jnp.sum(jnp.broadcast_to(v[None, :], (6, 5)), 0)  # 6 copies of v: 6 * v
+        wide = jnp.broadcast_to(col, x.shape)  # a program output: must be materialised
+        flat = jnp.broadcast_to(v, (3, 5)).reshape(15)  # a reshape that merges broadcast dims
+        tall = jnp.broadcast_to(v, (3, 5)).T * s
+        return wide * 2, summed, flat, tall, x * s + col
+
+    traced = check(bcast, _randn(6, 5), _randn(5, seed=1), np.float32(1.5))
+    (region,) = traced.regions
+    ops = _ops(region)
+    assert Op.CONCAT in ops  # broadcast_to as an output has no cheaper exact form
+    assert Op.MUL_SCALAR in ops and Op.TRANSPOSE not in ops
+
+
+def test_scalars_python_and_rank0() -> None:
+    def scalars(x, alpha, beta):
+        return jnp.tanh(alpha * x + beta) / beta + jnp.maximum(x, alpha)
+
+    traced = check(scalars, _randn(4, 8), np.float32(0.7), 2.0)
+    assert [t.shape for t in traced.regions[0].graph.input_types].count(()) == 2
+
+
+def test_concatenate_and_layout_ops() -> None:
+    def layout(x, y):
+        z = jnp.concatenate([x, y, x], axis=1)
+        moved = jnp.exp(z.reshape(4, 3, 4).transpose(2, 0, 1))
+        return moved.squeeze() + jnp.expand_dims(z, 0).sum()
+
+    traced = check(layout, _randn(4, 4), _randn(4, 4, seed=1))
+    assert Op.CONCAT in _ops(traced.regions[0]) and traced.cuts == ()
+
+
+def test_layout_only_program_has_no_region() -> None:
+    traced = check(lambda x: x.reshape(4, 2).T.astype(jnp.float32), _randn(8))
+    assert traced.regions == () and traced.cuts == ()
+
+
+def test_dead_equations_are_dropped() -> None:
+    def dead(x):
+        jnp.exp(x)  # unused
+        return x * 2.0
+
+    traced = check(dead, _randn(4))
+    assert Op.EXP not in _ops(traced.regions[0])
+
+
+# ------------------------------------------------------------------------- cuts and sources
+
+
+def _cut_in_the_middle(x, w):
+    h = jnp.tanh(x @ w)
+    s = jnp.cumsum(h, axis=-1)
+    return jax.nn.softmax(s * 2.0, axis=-1), h
+
+
+def test_unsupported_op_in_the_middle_is_reported_with_source_line() -> None:
+    traced = check(_cut_in_the_middle, _randn(4, 16), _randn(16, 8, seed=1))
+    assert len(traced.regions) == 2
+    (cut,) = traced.cuts
+    assert isinstance(cut, Cut) and cut.primitive == "cumsum"
+    where = f"test_frontend.py:{_line_of(_cut_in_the_middle, 'jnp.cumsum')}"
+    assert where in cut.source and "_cut_in_the_middle" in cut.source
+    assert "no μGraph operator for cumsum" in cut.reason
+    text = traced.describe()
+    assert "region 0" in text and "region 1" in text and "cut: cumsum at" in text and where in text
+    assert "matmul" in text and "kernel {" in text
+    # h is used by the cut and is a program output: region 0 exports it once
+    assert len(traced.regions[0].outputs) == 1
+    first, second = traced.regions
+    assert first.span[1] == cut.eqn_index < second.span[0]
+
+
+def test_source_line_inside_nested_jit() -> None:
+    @jax.jit
+    def inner(x):
+        return jnp.sort(x, axis=-1)
+
+    def outer(x):
+        return inner(jnp.exp(x)) * 2.0
+
+    traced = check(outer, _randn(4, 8))
+    (cut,) = traced.cuts
+    assert f"test_frontend.py:{_line_of(inner, 'jnp.sort')}" in cut.source
+
+
+def test_control_flow_and_integer_ops_are_cut() -> None:
+    def mixed(x):
+        y = jax.lax.fori_loop(0, 3, lambda i, c: c * 1.5, jnp.exp(x))
+        idx = jnp.argmax(y, axis=-1)
+        return jnp.tanh(y) + idx[:, None].astype(jnp.float32)
+
+    traced = check(mixed, _randn(4, 8))
+    reasons = {c.primitive: c.reason for c in traced.cuts}
+    assert "control flow (scan)" in reasons["scan"]
+    assert "argmax" in reasons
+    assert any("dtype int32" in r for r in reasons.values())
+    assert all(c.source and "test_frontend.py" in c.source for c in traced.cuts)
+
+
+def test_only_some_regions_implemented() -> None:
+    traced = trace(_cut_in_the_middle, _randn(4, 16), _randn(16, 8, seed=1))
+    args = (_randn(4, 16, seed=5), _randn(16, 8, seed=6))
+    want = jax.jit(_cut_in_the_middle)(*args)
+    interpreted = _interpreted(traced)
+    for index in (0, 1):
+        _assert_close(traced.run(*args, region_impls={index: interpreted[index]}), want)
+    _assert_close(traced.run(*args), want)
+
+
+# ------------------------------------------------------------------- pytrees, jit, errors
+
+
+def test_pytree_kwargs_and_static_args() -> None:
+    def tree_fn(params, n, *, bias):
+        h = params["x"] @ params["layers"][0]
+        for _ in range(n):
+            h = jax.nn.relu(h) + bias
+        return {"h": h, "pair": (h.sum(), params["layers"][1] * 2.0)}
+
+    def args(seed):
+        params = {
+            "x": _randn(4, 8, seed=seed),
+            "layers": [_randn(8, 8, seed=seed + 1), _randn(3, seed=seed + 2)],
+        }
+        return params, _randn(8, seed=seed + 3)
+
+    params, bias = args(0)
+    traced = trace(tree_fn, params, 2, bias=bias, static_argnums=1)
+    new_params, new_bias = args(10)
+    want = jax.jit(tree_fn, static_argnums=1)(new_params, 2, bias=new_bias)
+    impls = _interpreted(traced)
+    _assert_close(traced.run(new_params, bias=new_bias, region_impls=impls), want)
+    _assert_close(traced.run(new_params, 2, bias=new_bias, region_impls=impls), want)
+    out = traced.run(new_params, bias=new_bias)
+    assert set(out) == {"h", "pair"} and isinstance(out["pair"], tuple)
+    with pytest.raises(TraceError, match="static argument 1"):
+        traced.run(new_params, 3, bias=new_bias)
+    with pytest.raises(TraceError, match="shape"):
+        traced.run({"x": _randn(5, 8), "layers": new_params["layers"]}, bias=new_bias)
+    with pytest.raises(TraceError, match="traced with arguments"):
+        traced.run(new_params)
+
+
+def test_run_inside_jit_with_xla_region_callables() -> None:
+    traced = trace(suite.gated_mlp, _randn(4, 32), _randn(32, 16, seed=1), _randn(32, 16, seed=2))
+    impls = {r.index: traced.region_callable(r.index) for r in traced.regions}
+    args = (_randn(4, 32, seed=3), _randn(32, 16, seed=4), _randn(32, 16, seed=5))
+    jitted = jax.jit(lambda *a: traced.run(*a, region_impls=impls))
+    _assert_close(jitted(*args), suite.gated_mlp(*args), rtol=1e-5)
+    text = jitted.lower(*args).as_text()
+    assert "dot_general" in text
+
+
+def test_region_impl_errors_are_trace_errors() -> None:
+    traced = trace(suite.softmax, _randn(4, 8))
+    x = _randn(4, 8, seed=1)
+    with pytest.raises(TraceError, match="region_impls names region"):
+        traced.run(x, region_impls={5: lambda *xs: xs})
+    with pytest.raises(TraceError, match="returned 2 array"):
+        traced.run(x, region_impls={0: lambda *xs: (xs[0], xs[0])})
+    with pytest.raises(TraceError, match="shape"):
+        traced.run(x, region_impls={0: lambda *xs: (np.zeros((2, 2), np.float32),)})
+    with pytest.raises(TraceError, match="static_argnums"):
+        trace(suite.softmax, x, static_argnums=3)
+
+
+def test_literal_inputs_are_substituted_by_region_callable() -> None:
+    traced = trace(lambda x: jnp.maximum(x, 0.25) * 3.0, _randn(4, 4))
+    (region,) = traced.regions
+    assert [t.shape for t in region.graph.input_types] == [(4, 4), ()]
+    x, c = _randn(4, 4, seed=2), np.float32(-7.0)
+    (got,) = traced.region_callable(0)(x, c)
+    np.testing.assert_allclose(np.asarray(got), np.maximum(x, c) * 3.0, rtol=1e-6)
+    assert "(literal 0.25)" in region.describe()
