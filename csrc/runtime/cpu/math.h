@@ -1,0 +1,306 @@
+// math.h - elementwise functors (one per IR op) for scalars and SIMD vectors.
+//
+// Every functor is callable on T = float, double, vec_t<float> or vec_t<double>, so one fused
+// loop (elementwise.h) runs the same code in SIMD lanes and in its scalar tail. float32
+// transcendental functions use branch-free range reduction + polynomials (Cephes / Eigen
+// coefficients, <= 2 ulp on the tested ranges) so they vectorise; float64 uses std:: lane by
+// lane, for accuracy. sqrt on vectors uses the ISA's sqrt instruction because std::sqrt keeps
+// errno semantics that block vectorisation. (g++ contracts a * b + c into FMA where the ISA has
+// it, also under -std=c++17.)
+#pragma once
+
+#include "cpu/core.h"
+
+namespace mj {
+namespace fm {
+
+// ---------------------------------------------------------------- bit-level helpers (float)
+
+MJ_INLINE std::int32_t bits(float x) { return __builtin_bit_cast(std::int32_t, x); }
+MJ_INLINE vi32 bits(vf32 x) { return reinterpret_cast<vi32>(x); }
+MJ_INLINE float from_bits(std::int32_t i) { return __builtin_bit_cast(float, i); }
+MJ_INLINE vf32 from_bits(vi32 i) { return reinterpret_cast<vf32>(i); }
+MJ_INLINE std::int32_t to_int(float x) { return static_cast<std::int32_t>(x); }
+MJ_INLINE vi32 to_int(vf32 x) { return __builtin_convertvector(x, vi32); }
+MJ_INLINE float to_float(std::int32_t i) { return static_cast<float>(i); }
+MJ_INLINE vf32 to_float(vi32 i) { return __builtin_convertvector(i, vf32); }
+
+template <class T>
+MJ_INLINE T abs_f(T x) {
+  return from_bits(bits(x) & 0x7fffffff);
+}
+template <class T>
+MJ_INLINE T copysign_f(T mag, T sgn) {
+  return from_bits((bits(mag) & 0x7fffffff) | (bits(sgn) & std::numeric_limits<std::int32_t>::min()));
+}
+
+// Apply a scalar function to every lane (float64 vectors, or anything without a fast path).
+template <class T, class F>
+MJ_INLINE T lanewise(T x, F f) {
+  if constexpr (is_vec<T>) {
+    for (int l = 0; l < lanes<lane_t<T>>; ++l) x[l] = f(x[l]);
+    return x;
+  } else {
+    return f(x);
+  }
+}
+
+template <class T>
+inline constexpr bool f32_lanes = std::is_same_v<lane_t<T>, float>;
+
+// --------------------------------------------------------------------------- float32 kernels
+
+// exp: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial; 2^n applied as two factors so the
+// result degrades gracefully into denormals and overflows to +inf exactly where float does.
+template <class T>
+MJ_INLINE T exp_f32(T x) {
+  const float hi = 88.7228394f, lo = -103.972076f;
+  T xc = x >= lo ? x : splat<T>(lo);  // NaN -> lo, patched below
+  xc = xc <= hi ? xc : splat<T>(hi);
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  T fn = (xc * 1.44269504088896341f + magic) - magic;
+  T r = xc - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  T z = r * r;
+  T p = splat<T>(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  T y = p * z + r + 1.0f;
+  auto n = to_int(fn);
+  auto n1 = n >> 1;
+  auto n2 = n - n1;
+  y = y * from_bits((n1 + 127) << 23) * from_bits((n2 + 127) << 23);
+  y = x > hi ? splat<T>(__builtin_inff()) : y;
+  y = x < lo ? splat<T>(0.0f) : y;
+  return x != x ? x : y;
+}
+
+// log: x = m 2^e with m in [sqrt(1/2), sqrt(2)), degree-9 polynomial in m - 1 (Cephes logf).
+template <class T>
+MJ_INLINE T log_f32(T x) {
+  const float tiny = 1.17549435e-38f;  // FLT_MIN: scale denormals into the normal range
+  T xs = x < tiny ? x * 8388608.0f : x;
+  auto u = bits(xs);
+  auto e = ((u >> 23) & 0xff) - 126;
+  e = x < tiny ? e - 23 : e;
+  T m = from_bits((u & 0x007fffff) | 0x3f000000);  // in [0.5, 1)
+  auto lt = m < 0.707106781186547524f;
+  T ef = to_float(e) - (lt ? splat<T>(1.0f) : splat<T>(0.0f));
+  m = (lt ? m + m : m) - 1.0f;
+  T z = m * m;
+  T y = splat<T>(7.0376836292e-2f);
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  y = y + ef * -2.12194440e-4f;
+  y = y - z * 0.5f;
+  T r = m + y + ef * 0.693359375f;
+  r = x == 0.0f ? splat<T>(-__builtin_inff()) : r;
+  r = x < 0.0f ? splat<T>(__builtin_nanf("")) : r;
+  r = x == __builtin_inff() ? x : r;
+  return x != x ? x : r;
+}
+
+// tanh: odd polynomial below |x| = 0.625 (keeps relative accuracy near 0), else
+// 1 - 2 / (exp(2|x|) + 1) with the sign restored.
+template <class T>
+MJ_INLINE T tanh_f32(T x) {
+  T z = x * x;
+  T p = splat<T>(-5.70498872745e-3f);
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  T small = p * z * x + x;
+  T ax = abs_f(x);
+  T big = copysign_f(1.0f - 2.0f / (exp_f32(ax + ax) + 1.0f), x);
+  return ax < 0.625f ? small : big;
+}
+
+// erf: odd/even rational approximation on [-4, 4] (Eigen / XLA ErfImpl32); erf = +-1 beyond.
+template <class T>
+MJ_INLINE T erf_f32(T a) {
+  T x = a <= 4.0f ? a : splat<T>(4.0f);
+  x = x >= -4.0f ? x : splat<T>(-4.0f);
+  T x2 = x * x;
+  T p = x2 * -2.72614225801306e-10f + 2.77068142495902e-08f;
+  p = x2 * p + -2.10102402082508e-06f;
+  p = x2 * p + -5.69250639462346e-05f;
+  p = x2 * p + -7.34990630326855e-04f;
+  p = x2 * p + -2.95459980854025e-03f;
+  p = x2 * p + -1.60960333262415e-02f;
+  T q = x2 * -1.45660718464996e-05f + -2.13374055278905e-04f;
+  q = x2 * q + -1.68282697438203e-03f;
+  q = x2 * q + -7.37332916720468e-03f;
+  q = x2 * q + -1.42647390514189e-02f;
+  T r = x * (p / q);  // x last: x * p alone would underflow for tiny x
+  return a != a ? a : r;
+}
+
+// ------------------------------------------------------------------- dtype-generic wrappers
+
+template <class T>
+MJ_INLINE T exp(T x) {
+  if constexpr (f32_lanes<T>) return exp_f32(x);
+  else return lanewise(x, [](double v) { return std::exp(v); });
+}
+template <class T>
+MJ_INLINE T log(T x) {
+  if constexpr (f32_lanes<T>) return log_f32(x);
+  else return lanewise(x, [](double v) { return std::log(v); });
+}
+template <class T>
+MJ_INLINE T tanh(T x) {
+  if constexpr (f32_lanes<T>) return tanh_f32(x);
+  else return lanewise(x, [](double v) { return std::tanh(v); });
+}
+template <class T>
+MJ_INLINE T erf(T x) {
+  if constexpr (f32_lanes<T>) return erf_f32(x);
+  else return lanewise(x, [](double v) { return std::erf(v); });
+}
+
+MJ_INLINE float sqrt(float x) { return __builtin_sqrtf(x); }
+MJ_INLINE double sqrt(double x) { return __builtin_sqrt(x); }
+// The ISA's vector sqrt through GCC's builtins (<immintrin.h> alone costs ~0.3 s to parse).
+#if defined(__x86_64__) && MJ_VEC_BYTES == 64
+MJ_INLINE vf32 sqrt(vf32 x) { return __builtin_ia32_sqrtps512_mask(x, x, 0xffff, 4); }
+MJ_INLINE vf64 sqrt(vf64 x) { return __builtin_ia32_sqrtpd512_mask(x, x, 0xff, 4); }
+#elif defined(__x86_64__) && MJ_VEC_BYTES == 32
+MJ_INLINE vf32 sqrt(vf32 x) { return __builtin_ia32_sqrtps256(x); }
+MJ_INLINE vf64 sqrt(vf64 x) { return __builtin_ia32_sqrtpd256(x); }
+#elif defined(__x86_64__)
+MJ_INLINE vf32 sqrt(vf32 x) { return __builtin_ia32_sqrtps(x); }
+MJ_INLINE vf64 sqrt(vf64 x) { return __builtin_ia32_sqrtpd(x); }
+#else
+MJ_INLINE vf32 sqrt(vf32 x) { return lanewise(x, [](float v) { return __builtin_sqrtf(v); }); }
+MJ_INLINE vf64 sqrt(vf64 x) { return lanewise(x, [](double v) { return __builtin_sqrt(v); }); }
+#endif
+
+// NaN-propagating max (as jnp.maximum): a NaN in either operand gives NaN.
+template <class T>
+MJ_INLINE T max_nan(T a, T b) {
+  T m = a > b ? a : b;
+  return a != a ? a : m;
+}
+
+template <class T>
+MJ_INLINE T sigmoid(T x) {
+  using S = lane_t<T>;
+  return S(1) / (S(1) + exp(-x));
+}
+
+}  // namespace fm
+
+// ------------------------------------------------------------------------ one functor per op
+
+namespace op {
+
+#define MJ_UNARY(NAME, EXPR)                 \
+  struct NAME {                              \
+    template <class T>                       \
+    MJ_INLINE T operator()(T x) const {      \
+      using S = lane_t<T>;                   \
+      (void)sizeof(S);                       \
+      return EXPR;                           \
+    }                                        \
+  };
+
+MJ_UNARY(Identity, x)
+MJ_UNARY(Exp, fm::exp(x))
+MJ_UNARY(Log, fm::log(x))
+MJ_UNARY(Square, x * x)
+MJ_UNARY(Sqrt, fm::sqrt(x))
+MJ_UNARY(Rsqrt, S(1) / fm::sqrt(x))
+MJ_UNARY(Sigmoid, fm::sigmoid(x))
+MJ_UNARY(Silu, x * fm::sigmoid(x))
+// gelu (tanh form): 0.5 x (1 + tanh(y)) == x sigmoid(2y), which has no cancellation for x << 0.
+MJ_UNARY(Gelu, x * fm::sigmoid(x * (S(1.5957691216057308) + S(0.07135481627260025) * x * x)))
+MJ_UNARY(Tanh, fm::tanh(x))
+MJ_UNARY(Erf, fm::erf(x))
+MJ_UNARY(Relu, x < S(0) ? T{} : x)
+MJ_UNARY(Neg, -x)
+MJ_UNARY(Reciprocal, S(1) / x)
+#undef MJ_UNARY
+
+struct MulScalar {
+  double c;
+  template <class T>
+  MJ_INLINE T operator()(T x) const { return x * lane_t<T>(c); }
+};
+struct AddScalar {
+  double c;
+  template <class T>
+  MJ_INLINE T operator()(T x) const { return x + lane_t<T>(c); }
+};
+// x^N for an integer N (repeated squaring, unrolled at compile time).
+template <int N>
+struct PowInt {
+  template <class T>
+  MJ_INLINE T operator()(T x) const {
+    using S = lane_t<T>;
+    if constexpr (N < 0) return S(1) / PowInt<-N>{}(x);
+    else if constexpr (N == 0) return splat<T>(S(1));
+    else if constexpr (N == 1) return x;
+    else {
+      T h = PowInt<N / 2>{}(x);
+      if constexpr (N % 2) return h * h * x;
+      else return h * h;
+    }
+  }
+};
+// x^c for a non-integer c: exp(c log x); NaN for x < 0 as in pow.
+struct PowScalar {
+  double c;
+  template <class T>
+  MJ_INLINE T operator()(T x) const { return fm::exp(fm::log(x) * lane_t<T>(c)); }
+};
+
+#define MJ_BINARY(NAME, EXPR)                     \
+  struct NAME {                                   \
+    template <class T>                            \
+    MJ_INLINE T operator()(T a, T b) const {      \
+      return EXPR;                                \
+    }                                             \
+  };
+MJ_BINARY(Add, a + b)
+MJ_BINARY(Sub, a - b)
+MJ_BINARY(Mul, a * b)
+MJ_BINARY(Div, a / b)
+MJ_BINARY(Max, fm::max_nan(a, b))
+#undef MJ_BINARY
+
+// Element type conversion. Fused loops containing a cast run their scalar path (ScalarOnly).
+template <class To>
+struct Cast {
+  template <class T>
+  MJ_INLINE To operator()(T x) const { return static_cast<To>(x); }
+};
+
+}  // namespace op
+
+// Wraps a fused functor that must only see scalars (it changes the element type inside).
+template <class F>
+struct ScalarOnly {
+  F f;
+  template <class... T>
+  MJ_INLINE auto operator()(T... x) const { return f(x...); }
+};
+template <class F>
+ScalarOnly(F) -> ScalarOnly<F>;
+
+template <class F>
+struct is_scalar_only : std::false_type {};
+template <class F>
+struct is_scalar_only<ScalarOnly<F>> : std::true_type {};
+
+}  // namespace mj

@@ -1,0 +1,181 @@
+// matmul.h - register-blocked matrix multiply on tiles and on whole (batched) tensors.
+//
+// Structure, innermost first:
+//   micro<MR, NV>   C[MR, NV*W] (+)= A[MR, K] B[K, NV*W]: MR x NV SIMD accumulators stay in
+//                   registers for the whole K loop; one broadcast of A and NV loads of B per k.
+//                   This is the piece an ISA-specific (e.g. AVX-512 assembly) kernel replaces.
+//   gemm<M, N, K>   covers C with micro panels: full NV-wide panels, a narrower vector panel,
+//                   then the last N % W columns with a scalar-column kernel; rows in MR steps.
+//   k::matmul       splits batch x M x N into tasks over the pool, K in cache-sized chunks.
+// All sizes and leading dimensions are compile-time constants. Accumulation is in T.
+#pragma once
+
+#include "cpu/parallel.h"
+
+namespace mj {
+
+template <class T>
+struct GemmCfg {
+#if MJ_VEC_BYTES == 64
+  static constexpr int MR = 6, NV = 4;  // 24 of 32 zmm registers hold C
+#elif MJ_VEC_BYTES == 32
+  static constexpr int MR = 6, NV = 2;  // 12 of 16 ymm registers
+#else
+  static constexpr int MR = 4, NV = 2;  // 8 of 16 xmm registers
+#endif
+  static constexpr int W = lanes<T>;
+  static constexpr i64 MB = 16 * MR, NB = 4 * NV * W, KB = 256;  // kernel-level task blocks
+};
+
+// g++ contracts this into one FMA instruction where the ISA has one.
+template <class V>
+MJ_INLINE V vfma(V a, V b, V c) {
+  return a * b + c;
+}
+
+template <class T, int MR, int NV, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
+MJ_INLINE void micro(T* C, const T* A, const T* B) {
+  using V = vec_t<T>;
+  constexpr int W = lanes<T>;
+  V c[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) c[r][v] = ACC ? vload<V>(C + r * LDC + v * W) : V{};
+  for (i64 k = 0; k < K; ++k) {
+    V b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = vload<V>(B + k * LDB + v * W);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const V a = splat<V>(A[r * LDA + k]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) c[r][v] = vfma(a, b[v], c[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) vstore<V>(C + r * LDC + v * W, c[r][v]);
+}
+
+// The last NS (< W) columns: scalar accumulators, which g++ may still vectorise.
+template <class T, int MR, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
+MJ_INLINE void micro_cols(T* C, const T* A, const T* B) {
+  T c[MR][NS];
+  for (int r = 0; r < MR; ++r)
+    for (int s = 0; s < NS; ++s) c[r][s] = ACC ? C[r * LDC + s] : T(0);
+  for (i64 k = 0; k < K; ++k)
+    for (int r = 0; r < MR; ++r) {
+      const T a = A[r * LDA + k];
+      for (int s = 0; s < NS; ++s) c[r][s] += a * B[k * LDB + s];
+    }
+  for (int r = 0; r < MR; ++r)
+    for (int s = 0; s < NS; ++s) C[r * LDC + s] = c[r][s];
+}
+
+// All M rows of one column panel, MR rows at a time (NV vectors wide, or NS scalar columns).
+template <class T, i64 M, int NV, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
+MJ_INLINE void gemm_panel(T* C, const T* A, const T* B) {
+  constexpr int MR = GemmCfg<T>::MR;
+  constexpr i64 MF = M / MR * MR;
+  for (i64 i = 0; i < MF; i += MR) {
+    if constexpr (NV > 0) micro<T, MR, NV, K, LDA, LDB, LDC, ACC>(C + i * LDC, A + i * LDA, B);
+    else micro_cols<T, MR, NS, K, LDA, LDB, LDC, ACC>(C + i * LDC, A + i * LDA, B);
+  }
+  if constexpr (M > MF) {
+    constexpr int MT = static_cast<int>(M - MF);
+    if constexpr (NV > 0) micro<T, MT, NV, K, LDA, LDB, LDC, ACC>(C + MF * LDC, A + MF * LDA, B);
+    else micro_cols<T, MT, NS, K, LDA, LDB, LDC, ACC>(C + MF * LDC, A + MF * LDA, B);
+  }
+}
+
+// C[M, N] (+)= A[M, K] @ B[K, N] with leading dims LDA, LDB, LDC.
+template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
+MJ_INLINE void gemm(T* C, const T* A, const T* B) {
+  static_assert(simd_type<T>, "matmul supports float and double");
+  constexpr int W = GemmCfg<T>::W, NV = GemmCfg<T>::NV;
+  constexpr i64 NR = NV * W, NF = N / NR * NR;
+  for (i64 j = 0; j < NF; j += NR) gemm_panel<T, M, NV, 0, K, LDA, LDB, LDC, ACC>(C + j, A, B + j);
+  constexpr int NVT = static_cast<int>((N - NF) / W);
+  if constexpr (NVT > 0) gemm_panel<T, M, NVT, 0, K, LDA, LDB, LDC, ACC>(C + NF, A, B + NF);
+  constexpr i64 J = NF + NVT * W;
+  if constexpr (N > J)
+    gemm_panel<T, M, 0, static_cast<int>(N - J), K, LDA, LDB, LDC, ACC>(C + J, A, B + J);
+}
+
+template <class SA, class SB>
+struct MatmulDims {
+  static constexpr int r = SA::rank;
+  static_assert(r >= 2 && SB::rank == r, "matmul needs equal ranks >= 2");
+  static constexpr i64 M = SA::dims[r - 2], K = SA::dims[r - 1], N = SB::dims[r - 1];
+  static_assert(SB::dims[r - 2] == K, "matmul contracting dims differ");
+  static constexpr i64 batch = SA::prod(0, r - 2);
+};
+
+// Block level: out = a @ b over the batch dims; matmul_acc adds the product into out.
+template <bool ACC, class Out, class A, class B>
+MJ_INLINE void matmul_impl(Out& out, const A& a, const B& b) {
+  using D = MatmulDims<shape_of<A>, shape_of<B>>;
+  using T = value_of<Out>;
+  for (i64 t = 0; t < D::batch; ++t)
+    gemm<T, D::M, D::N, D::K, D::K, D::N, D::N, ACC>(out.ptr() + t * D::M * D::N,
+                                                     a.ptr() + t * D::M * D::K,
+                                                     b.ptr() + t * D::K * D::N);
+}
+template <class Out, class A, class B>
+MJ_INLINE void matmul(Out& out, const A& a, const B& b) { matmul_impl<false>(out, a, b); }
+template <class Out, class A, class B>
+MJ_INLINE void matmul_acc(Out& out, const A& a, const B& b) { matmul_impl<true>(out, a, b); }
+
+namespace k {
+
+// C[MM, NN] = A[MM, K] @ B[K, NN] with K in chunks of KB (the B chunk stays in L2).
+template <class T, i64 MM, i64 NN, i64 K, i64 LDA, i64 LDB, i64 LDC>
+inline void gemm_block(T* C, const T* A, const T* B) {
+  constexpr i64 KB = GemmCfg<T>::KB;
+  if constexpr (K <= KB) {
+    gemm<T, MM, NN, K, LDA, LDB, LDC, false>(C, A, B);
+  } else {
+    constexpr i64 KF = K / KB * KB;
+    gemm<T, MM, NN, KB, LDA, LDB, LDC, false>(C, A, B);
+    for (i64 k0 = KB; k0 < KF; k0 += KB)
+      gemm<T, MM, NN, KB, LDA, LDB, LDC, true>(C, A + k0, B + k0 * LDB);
+    if constexpr (K > KF) gemm<T, MM, NN, K - KF, LDA, LDB, LDC, true>(C, A + KF, B + KF * LDB);
+  }
+}
+
+// Kernel level: out = a @ b with batch dims, tasks over batch x M blocks x N blocks.
+template <class Out, class A, class B>
+inline void matmul(const mj_pool* pool, Out& out, const A& a, const B& b) {
+  using D = MatmulDims<shape_of<A>, shape_of<B>>;
+  using T = value_of<Out>;
+  using Cfg = GemmCfg<T>;
+  constexpr i64 M = D::M, N = D::N, K = D::K;
+  constexpr i64 MB = M < Cfg::MB ? M : Cfg::MB, NB = N < Cfg::NB ? N : Cfg::NB;
+  constexpr i64 TM = (M + MB - 1) / MB, TN = (N + NB - 1) / NB;
+  constexpr i64 MT = M - (TM - 1) * MB, NT = N - (TN - 1) * NB;  // last block sizes
+  T* o = out.ptr();
+  const T* pa = a.ptr();
+  const T* pb = b.ptr();
+  auto task = [&](i64 t) {
+    const i64 bi = t / (TM * TN), im = (t / TN) % TM, jn = t % TN;
+    T* C = o + bi * M * N + im * MB * N + jn * NB;
+    const T* Ap = pa + bi * M * K + im * MB * K;
+    const T* Bp = pb + bi * K * N + jn * NB;
+    const bool mlast = im == TM - 1, nlast = jn == TN - 1;
+    if (mlast && nlast) gemm_block<T, MT, NT, K, K, N, N>(C, Ap, Bp);
+    else if (mlast) gemm_block<T, MT, NB, K, K, N, N>(C, Ap, Bp);
+    else if (nlast) gemm_block<T, MB, NT, K, K, N, N>(C, Ap, Bp);
+    else gemm_block<T, MB, NB, K, K, N, N>(C, Ap, Bp);
+  };
+  constexpr i64 tasks = D::batch * TM * TN;
+  if (2 * M * N * K < kParallelMinWork * 8) {
+    for (i64 t = 0; t < tasks; ++t) task(t);
+  } else {
+    parallel_for(pool, tasks, task);
+  }
+}
+
+}  // namespace k
+}  // namespace mj

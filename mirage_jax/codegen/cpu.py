@@ -1,0 +1,495 @@
+"""The CPU emitter: a KernelGraph becomes one C++17 translation unit.
+
+The generated code states only the graph's specifics - shapes, maps, the op sequence - as
+instantiations of the header-only runtime in ``csrc/runtime/cpu/`` (``#include "cpu/mirage.h"``);
+every loop lives in those headers. ``TABLE`` maps each ``Op`` to the runtime template it
+instantiates. The layout of the translation unit:
+
+- one ``block_<id>`` function per graph-defined kernel (after ``fuse_elementwise``): its tiles
+  as local aligned arrays sized at compile time (``static thread_local`` when too large for a
+  stack), loop-invariant tiles and ops hoisted before the for-loop, loop-varying loads, body ops
+  and accumulator updates inside it, accumulator finishes and the epilogue after it, and the
+  output savers per omap/fdim (inside the loop for body values saved along fdim);
+- the exported (``MJ_EXPORT``: C linkage, default visibility) kernel with the fixed C ABI of
+  ``cpu/abi.h``: views of the input and output buffers, kernel-level ops over whole tensors
+  (``mj::k::...``, split over the caller's pool), graph-defined kernels run over all grid
+  blocks with ``mj::for_each_block``. Intermediate tensors live in a workspace allocated once
+  per kernel and reused; a reshape is an alias; an output is written in place by its producer.
+
+Only float32 and float64 are emitted; other dtypes raise ``CompileError`` naming op and dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mirage_jax.errors import CompileError
+from mirage_jax.ir.fuse import fuse_elementwise
+from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase, ThreadGraph
+from mirage_jax.ir.ops import ACCUMULATORS, BINARY, NONE_DIM, REDUCTIONS, UNARY, Op
+from mirage_jax.ir.types import DType, TensorType
+
+_CTYPE = {DType.F32: "float", DType.F64: "double"}
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ALIGN = 64
+_KERNEL_PARAMS = "const void* const* inputs, void* const* outputs, const mj_pool* pool"
+# Tiles of one block beyond this many bytes go to thread-local storage instead of the stack.
+_STACK_FRAME_LIMIT = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Template:
+    """What an op instantiates: a runtime entry point and, where it takes one, a functor.
+
+    ``fn`` is called as ``mj::<fn>(...)`` inside a block and ``mj::k::<fn>(pool, ...)`` in the
+    kernel; ``functor`` is the op functor (``mj::op::*``), reducer (``mj::*R``) or accumulator
+    state type the entry point is instantiated with.
+    """
+
+    fn: str
+    functor: str = ""
+
+
+_UNARY_FUNCTOR = {
+    Op.EXP: "Exp", Op.LOG: "Log", Op.SQUARE: "Square", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt",
+    Op.SIGMOID: "Sigmoid", Op.SILU: "Silu", Op.GELU: "Gelu", Op.TANH: "Tanh", Op.ERF: "Erf",
+    Op.RELU: "Relu", Op.NEG: "Neg", Op.RECIPROCAL: "Reciprocal", Op.MUL_SCALAR: "MulScalar",
+    Op.ADD_SCALAR: "AddScalar", Op.POW_SCALAR: "PowScalar",
+}  # fmt: skip
+_BINARY_FUNCTOR = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MAX: "Max"}
+_REDUCER = {Op.REDUCE_SUM: "SumR", Op.REDUCE_MAX: "MaxR", Op.REDUCE_MEAN: "MeanR",
+            Op.REDUCE_RMS: "RmsR"}  # fmt: skip
+_ACCUMULATOR = {Op.ACC_SUM: "AccSum", Op.ACC_MEAN: "AccMean", Op.ACC_MAX: "AccMax",
+                Op.ACC_RMS: "AccRms", Op.ACC_RESCALE_SUM: "AccRescaleSum"}  # fmt: skip
+
+TABLE: dict[Op, Template] = {
+    Op.INPUT: Template("View"),  # a typed view of inputs[i]
+    Op.OUTPUT: Template("copy"),  # outputs[k] is the producer's storage, else a copy into it
+    Op.GRAPH_DEF: Template("for_each_block"),  # runs block_<id> over the grid
+    Op.INPUT_ITER: Template("load_tile"),
+    Op.OUTPUT_SAVER: Template("store_tile"),
+    Op.THREAD: Template("map", "<lambda of the thread graph>"),
+    Op.RESHAPE: Template("reshape"),  # View::reshape: an alias, no copy
+    Op.TRANSPOSE: Template("transpose"),
+    Op.CAST: Template("map", "mj::op::Cast"),
+    Op.MATMUL: Template("matmul"),  # matmul_acc when it feeds an acc_sum directly
+    Op.CONCAT: Template("concat"),
+    **{op: Template("map", f"mj::op::{name}") for op, name in _UNARY_FUNCTOR.items()},
+    **{op: Template("map", f"mj::op::{name}") for op, name in _BINARY_FUNCTOR.items()},
+    **{op: Template("reduce", f"mj::{name}") for op, name in _REDUCER.items()},
+    **{op: Template("update", f"mj::{name}") for op, name in _ACCUMULATOR.items()},
+}
+_missing = set(Op) - set(TABLE)
+if _missing:  # pragma: no cover - guards the table against a new Op without a template
+    raise RuntimeError(f"ops without a CPU template: {_missing}")
+
+
+def emit_cpu(graph: KernelGraph, symbol: str) -> str:
+    """C++ source defining ``extern "C" int <symbol>(inputs, outputs, pool)`` for ``graph``."""
+    if not isinstance(graph, KernelGraph):
+        raise CompileError(f"emit_cpu needs a KernelGraph, got {type(graph).__name__}")
+    if not _SYMBOL.fullmatch(symbol):
+        raise CompileError(
+            f"kernel symbol {symbol!r} is not a C identifier",
+            remedy="use letters, digits and underscores, not starting with a digit",
+        )
+    return _KernelEmitter(graph, symbol).source()
+
+
+# ------------------------------------------------------------------------------ C++ spelling
+
+
+def _ctype(t: TensorType, op: Op) -> str:
+    if t.dtype not in _CTYPE:
+        raise CompileError(
+            f"CPU backend: {op.value} on {t.dtype.value} tensors is not supported",
+            remedy="run the region in float32 (cast at its boundary) or leave it to XLA",
+        )
+    return _CTYPE[t.dtype]
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return f"mj::Shape<{','.join(map(str, shape))}>"
+
+
+def _map(m: tuple[int, ...]) -> str:
+    return f"mj::Map<{','.join(map(str, m))}>"
+
+
+def _literal(x: float) -> str:
+    if math.isnan(x):
+        return "mj::kNaN"
+    if math.isinf(x):
+        return "mj::kInf" if x > 0 else "-mj::kInf"
+    text = repr(float(x))
+    return text if any(c in text for c in ".en") else text + ".0"
+
+
+def _functor(node: Node, types: tuple[TensorType, ...]) -> str:
+    """The op functor of an elementwise node (unary, binary or cast)."""
+    op = node.op
+    if op is Op.CAST:
+        return f"mj::op::Cast<{_ctype(types[node.outs[0]], op)}>{{}}"
+    if op in (Op.MUL_SCALAR, Op.ADD_SCALAR):
+        return f"{TABLE[op].functor}{{{_literal(node.attr('scalar'))}}}"
+    if op is Op.POW_SCALAR:
+        e = node.attr("exponent")
+        if float(e).is_integer() and abs(e) <= 64:
+            return f"mj::op::PowInt<{int(e)}>{{}}"
+        if e in (0.5, -0.5):
+            return "mj::op::Sqrt{}" if e > 0 else "mj::op::Rsqrt{}"
+        return f"mj::op::PowScalar{{{_literal(e)}}}"
+    return f"{TABLE[op].functor}{{}}"
+
+
+def _thread_lambda(graph: ThreadGraph) -> str:
+    """A generic lambda evaluating the fused chain; called on SIMD vectors and on scalars."""
+    params = ", ".join(f"auto x{n.outs[0]}" for n in graph.inputs)
+    stmts, result = [], None
+    for n in graph.nodes:
+        if n.op is Op.INPUT:
+            continue
+        if n.op is Op.OUTPUT:
+            result = n.ins[0]
+            continue
+        if n.op not in TABLE or TABLE[n.op].fn != "map":
+            raise CompileError(f"CPU backend: {n.op.value} cannot appear in a thread graph")
+        args = ", ".join(f"x{i}" for i in n.ins)
+        stmts.append(f"const auto x{n.outs[0]} = {_functor(n, graph.types)}({args});")
+    stmts.append(f"return x{result};")
+    if sum(map(len, stmts)) <= 60:
+        fn = f"[]({params}) {{ {' '.join(stmts)} }}"
+    else:
+        fn = "\n".join([f"[]({params}) {{", *("  " + s for s in stmts), "}"])
+    # A cast inside changes the element type mid-chain: run it on scalars only.
+    return f"mj::ScalarOnly{{{fn}}}" if graph.nodes_of(Op.CAST) else fn
+
+
+def _indent(stmts: list[str], prefix: str) -> list[str]:
+    return [prefix + line for stmt in stmts for line in stmt.split("\n")]
+
+
+def _node_text(graph: BlockGraph | KernelGraph, node: Node) -> str:
+    outs = ", ".join(f"%{o}" for o in node.outs)
+    ins = ", ".join(f"%{i}" for i in node.ins)
+    head = f"{outs} = " if outs else ""
+    return f"{head}{node.op.value}({ins})"
+
+
+def _check_dtypes(graph: BlockGraph | KernelGraph | ThreadGraph) -> None:
+    """Every value a computing node touches has a C++ type (so errors name that node)."""
+    for node in graph.nodes:
+        if node.op in (Op.INPUT, Op.OUTPUT):
+            continue
+        for v in node.ins + node.outs:
+            _ctype(graph.types[v], node.op)
+        if node.op is Op.GRAPH_DEF:
+            _check_dtypes(node.attr("block"))
+        if node.op is Op.THREAD:
+            _check_dtypes(node.attr("graph"))
+
+
+# ---------------------------------------------------------------------------- kernel level
+
+
+class _KernelEmitter:
+    def __init__(self, graph: KernelGraph, symbol: str) -> None:
+        self.g = graph
+        self.symbol = symbol
+        self.blocks: list[str] = []
+        self.lines: list[str] = []
+        self.name: dict[int, str] = {}
+        self.workspace = 0  # bytes
+        self.alias: dict[int, int] = {}  # reshape result -> the value whose memory it is
+        self.input_index: dict[int, int] = {}
+        self.output_of: dict[int, int] = {}  # value -> the output buffer it is computed in
+        self.copy_to: dict[int, int] = {}  # OUTPUT node position -> output number to copy into
+        self.offset: dict[int, int] = {}  # value -> workspace byte offset
+
+    def source(self) -> str:
+        _check_dtypes(self.g)
+        self._plan_storage()
+        for pos, node in enumerate(self.g.nodes):
+            self._node(pos, node)
+        head = [
+            f"// Generated by mirage_jax.codegen.cpu for kernel graph {self.g.fingerprint()[:16]}.",
+            '#include "cpu/mirage.h"',
+            "",
+        ]
+        blocks = ["namespace {", "", *self.blocks, "}  // namespace", ""] if self.blocks else []
+        body = []
+        if self.workspace:
+            body += [f"static mj::Workspace<{self.workspace}> workspace;",
+                     "const auto ws = workspace.lease();"]  # fmt: skip
+        body += self.lines
+        kernel = [
+            f"MJ_EXPORT int {self.symbol}({_KERNEL_PARAMS}) {{",
+            "  return mj::guard([&] {",
+            *_indent(body, "    "),
+            "  });",
+            "}",
+        ]
+        return "\n".join(head + blocks + kernel) + "\n"
+
+    def _plan_storage(self) -> None:
+        """Each value lives in inputs[i], outputs[k], the workspace, or aliases another."""
+        g = self.g
+        for n in g.nodes_of(Op.RESHAPE):
+            self.alias[n.outs[0]] = self._root(n.ins[0])
+        self.input_index = {n.outs[0]: i for i, n in enumerate(g.inputs)}
+        outputs = [i for i, n in enumerate(g.nodes) if n.op is Op.OUTPUT]
+        for k, pos in enumerate(outputs):
+            root = self._root(g.nodes[pos].ins[0])
+            if root in self.input_index or root in self.output_of:
+                self.copy_to[pos] = k
+            else:
+                self.output_of[root] = k
+        for n in g.nodes:
+            if n.op in (Op.INPUT, Op.OUTPUT, Op.RESHAPE):
+                continue
+            for v in n.outs:
+                if v not in self.output_of:
+                    self.offset[v] = self.workspace
+                    nbytes = g.types[v].nbytes
+                    self.workspace += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+
+    def _root(self, v: int) -> int:
+        return self.alias.get(v, v)
+
+    def _view(self, v: int, where: str, const: bool = False) -> None:
+        t = self.g.types[v]
+        ct = _ctype(t, self.g.producer(v).op)
+        elem = f"const {ct}" if const else ct
+        self.name[v] = f"v{v}"
+        self.lines.append(f"const mj::View<{elem}, {_shape(t.shape)}> v{v}({where});")
+
+    def _declare(self, v: int) -> None:
+        if v in self.output_of:
+            self._view(v, f"outputs[{self.output_of[v]}]")
+        else:
+            ct = _ctype(self.g.types[v], self.g.producer(v).op)
+            self._view(v, f"ws.at<{ct}>({self.offset[v]})")
+
+    def _node(self, pos: int, node: Node) -> None:
+        op, g = node.op, self.g
+        if op is Op.INPUT:
+            self._view(node.outs[0], f"inputs[{self.input_index[node.outs[0]]}]", const=True)
+            return
+        if op is Op.OUTPUT:
+            if pos in self.copy_to:
+                k = self.copy_to[pos]
+                v = node.ins[0]
+                t = g.types[v]
+                self.lines.append(
+                    f"const mj::View<{_ctype(t, op)}, {_shape(t.shape)}> o{k}(outputs[{k}]);"
+                )
+                self.lines.append(f"mj::k::copy(pool, o{k}, {self.name[v]});  // output {k}")
+            return
+        if op is Op.RESHAPE:
+            v = node.outs[0]
+            self.name[v] = f"v{v}"
+            self.lines.append(
+                f"const auto v{v} = {self.name[node.ins[0]]}"
+                f".reshape<{_shape(g.types[v].shape)}>();  // {_node_text(g, node)}"
+            )
+            return
+        for v in node.outs:
+            self._declare(v)
+        ins = [self.name[i] for i in node.ins]
+        out = self.name[node.outs[0]] if node.outs else ""
+        emit = _KERNEL_OPS.get(_group(op))
+        if emit is None:
+            raise CompileError(f"CPU backend: {op.value} is not supported in a kernel graph")
+        self.lines.append(f"{emit(self, node, out, ins)};  // {_node_text(g, node)}")
+
+    def _graph_def(self, node: Node, out: str, ins: list[str]) -> str:
+        block = node.attr("block")
+        fname = f"block_{node.outs[0]}"
+        self.blocks.append(_BlockEmitter(block, fname).source())
+        args = ", ".join(["b", *(f"{a}.data" for a in ins),
+                          *(f"{self.name[v]}.data" for v in node.outs)])  # fmt: skip
+        gx, gy, gz = block.grid
+        return (f"mj::for_each_block<{gx}, {gy}, {gz}>(pool, "
+                f"[&](const mj::BlockIdx& b) {{ {fname}({args}); }})")  # fmt: skip
+
+
+def _group(op: Op) -> str:
+    if op in UNARY or op in BINARY or op is Op.CAST:
+        return "map"
+    if op in REDUCTIONS:
+        return "reduce"
+    if op in ACCUMULATORS:
+        return "acc"
+    return op.value
+
+
+_KernelOp = Callable[[_KernelEmitter, Node, str, list[str]], str]
+_KERNEL_OPS: dict[str, _KernelOp] = {
+    "map": lambda e, n, out, ins: (
+        f"mj::k::map(pool, {_functor(n, e.g.types)}, {out}, " + ", ".join(ins) + ")"
+    ),
+    "reduce": lambda e, n, out, ins: (
+        f"mj::k::reduce<{TABLE[n.op].functor}, {n.attr('dim')}>(pool, {out}, {ins[0]})"
+    ),
+    "matmul": lambda e, n, out, ins: f"mj::k::matmul(pool, {out}, {ins[0]}, {ins[1]})",
+    "concat": lambda e, n, out, ins: (
+        f"mj::k::concat<{n.attr('dim')}>(pool, {out}, {ins[0]}, {ins[1]})"
+    ),
+    "transpose": lambda e, n, out, ins: (
+        f"mj::k::transpose<mj::Perm<{','.join(map(str, n.attr('perm')))}>>(pool, {out}, {ins[0]})"
+    ),
+    "graph_def": lambda e, n, out, ins: e._graph_def(n, out, ins),
+}
+
+
+# ----------------------------------------------------------------------------- block level
+
+
+class _BlockEmitter:
+    """One graph-defined kernel as a per-block C++ function."""
+
+    def __init__(self, block: BlockGraph, fname: str) -> None:
+        self.g = fuse_elementwise(block)
+        self.fname = fname
+        self.phase = self.g.phases()
+        self.decls: list[str] = []
+        self.frame_bytes = 0
+        self.pre: list[str] = []
+        self.loop: list[str] = []
+        self.post: list[str] = []
+        self.name: dict[int, str] = {}
+        self.fused_acc: dict[int, int] = {}  # matmul value -> acc_sum node output it feeds
+
+    def source(self) -> str:
+        g = self.g
+        self._find_matmul_acc()
+        savers = 0
+        for node in g.nodes:
+            self._node(node, savers)
+            savers += node.op is Op.OUTPUT_SAVER
+        params = ["const mj::BlockIdx& b"]
+        for i, t in enumerate(g.arg_types):
+            params.append(f"const {_ctype(t, Op.GRAPH_DEF)}* in{i}")
+        for k, t in enumerate(g.output_types):
+            params.append(f"{_ctype(t, Op.GRAPH_DEF)}* out{k}")
+        storage = "static thread_local " if self.frame_bytes > _STACK_FRAME_LIMIT else ""
+        r = g.forloop_range
+        gx, gy, gz = g.grid
+        loop = [f"for (mj::i64 i = 0; i < {r}; ++i) {{", *_indent(self.loop, "  "), "}"]
+        lines = [
+            f"// grid=({gx},{gy},{gz}) forloop_range={r}",
+            f"void {self.fname}({', '.join(params)}) {{",
+            *(f"  {storage}{d}" for d in self.decls),
+            *_indent(self.pre + (loop if self.loop else []) + self.post, "  "),
+            "}",
+            "",
+        ]
+        return "\n".join(lines)
+
+    def _find_matmul_acc(self) -> None:
+        """A body matmul whose only use is an acc_sum over no dim accumulates in place."""
+        g = self.g
+        for n in g.nodes_of(Op.MATMUL):
+            users = g.users(n.outs[0])
+            if (
+                len(users) == 1
+                and users[0].op is Op.ACC_SUM
+                and users[0].attr("dim") == NONE_DIM
+                and self.phase[n.outs[0]] is Phase.BODY
+            ):
+                self.fused_acc[n.outs[0]] = users[0].outs[0]
+
+    def _tile(self, v: int, op: Op) -> str:
+        t = self.g.types[v]
+        self.decls.append(f"mj::Tile<{_ctype(t, op)}, {_shape(t.shape)}> t{v};")
+        self.frame_bytes += t.nbytes
+        self.name[v] = f"t{v}"
+        return self.name[v]
+
+    def _where(self, v: int) -> list[str]:
+        return (
+            self.loop
+            if self.phase[v] is Phase.BODY
+            else (self.post if self.phase[v] is Phase.EPILOGUE else self.pre)
+        )
+
+    def _node(self, node: Node, saver_index: int) -> None:
+        g, op = self.g, node.op
+        text = _node_text(g, node)
+        if op is Op.INPUT_ITER:
+            v = node.outs[0]
+            arg, fdim = node.attr("arg"), node.attr("fdim")
+            full = g.arg_types[arg].shape
+            it = "i" if fdim != NONE_DIM else "0"
+            stmt = (f"mj::load_tile<{_shape(full)}, {_map(node.attr('imap'))}, {fdim}>"
+                    f"({self._tile(v, op)}, in{arg}, b, {it});")  # fmt: skip
+            self._where(v).append(f"{stmt}  // {text}")
+            return
+        if op is Op.OUTPUT_SAVER:
+            self._saver(node, saver_index, text)
+            return
+        if op in ACCUMULATORS:
+            self._accumulator(node, text)
+            return
+        v = node.outs[0]
+        ins = [self.name[i] for i in node.ins]
+        if v in self.fused_acc:
+            acc = self.fused_acc[v]
+            self.loop.append(f"mj::matmul_acc(a{acc}.out, {ins[0]}, {ins[1]});  // {text}")
+            return
+        out = self._tile(v, op)
+        emit = _BLOCK_OPS.get(_group(op))
+        if emit is None:
+            raise CompileError(f"CPU backend: {op.value} is not supported in a block graph")
+        self._where(v).append(f"{emit(self, node, out, ins)};  // {text}")
+
+    def _saver(self, node: Node, k: int, text: str) -> None:
+        g = self.g
+        v = node.ins[0]
+        fdim = node.attr("fdim")
+        full = g.output_types[k].shape
+        body = self.phase[v] is Phase.BODY
+        stmt = (f"mj::store_tile<{_shape(full)}, {_map(node.attr('omap'))}, {fdim}>"
+                f"(out{k}, {self.name[v]}, b, {'i' if body else '0'});")  # fmt: skip
+        (self.loop if body else self.post).append(f"{stmt}  // {text}")
+
+    def _accumulator(self, node: Node, text: str) -> None:
+        g, op = self.g, node.op
+        v, x = node.outs[0], node.ins[0]
+        ct = _ctype(g.types[v], op)
+        r = g.forloop_range
+        xs = _shape(g.types[x].shape)
+        if op is Op.ACC_RESCALE_SUM:
+            ms = _shape(g.types[node.ins[1]].shape)
+            decl = f"mj::AccRescaleSum<{ct}, {xs}, {ms}, {r}> a{v};"
+            self.frame_bytes += g.types[x].nbytes + 4 * g.types[node.ins[1]].nbytes
+        else:
+            decl = f"{TABLE[op].functor}<{ct}, {xs}, {node.attr('dim')}, {r}> a{v};"
+            self.frame_bytes += g.types[v].nbytes
+        self.decls.append(decl)
+        self.name[v] = f"a{v}.out"
+        self.pre.append(f"a{v}.init();")
+        if x not in self.fused_acc:
+            args = ", ".join(self.name[i] for i in node.ins)
+            self.loop.append(f"a{v}.update({args});  // {text}")
+        self.post.append(f"a{v}.finish();")
+
+
+_BlockOp = Callable[[_BlockEmitter, Node, str, list[str]], str]
+_BLOCK_OPS: dict[str, _BlockOp] = {
+    "map": lambda e, n, out, ins: f"mj::map({_functor(n, e.g.types)}, {out}, {', '.join(ins)})",
+    "thread": lambda e, n, out, ins: (
+        f"mj::map({_thread_lambda(n.attr('graph'))}, {out}, {', '.join(ins)})"
+    ),
+    "reduce": lambda e, n, out, ins: (
+        f"mj::reduce<{TABLE[n.op].functor}, {n.attr('dim')}>({out}, {ins[0]})"
+    ),
+    "matmul": lambda e, n, out, ins: f"mj::matmul({out}, {ins[0]}, {ins[1]})",
+    "concat": lambda e, n, out, ins: f"mj::concat<{n.attr('dim')}>({out}, {ins[0]}, {ins[1]})",
+}
+
+
+__all__ = ["TABLE", "Template", "emit_cpu"]

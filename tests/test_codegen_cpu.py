@@ -1,0 +1,501 @@
+"""CPU code generation: μGraph -> C++ -> shared library -> XLA FFI custom call inside jax.jit.
+
+Every op and accumulator is emitted, compiled, run and compared with the float64 reference
+interpreter (``mirage_jax.interpret.evaluate``) on fresh random inputs with odd shapes; block
+graphs cover grids on x/y/z, for-loops, replicated inputs, hoisting and body savers with fdim;
+the hand-built fused μGraphs of ``tests/graphs.py`` must equal ``jax.jit`` of the plain jnp
+function. Ops are grouped into one kernel graph per test to keep the compile count low.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mirage_jax.codegen.cpu import TABLE, emit_cpu
+from mirage_jax.errors import CompileError
+from mirage_jax.interpret import evaluate
+from mirage_jax.ir import (
+    BF16,
+    F16,
+    F32,
+    F64,
+    BlockBuilder,
+    BlockGraph,
+    DType,
+    KernelBuilder,
+    KernelGraph,
+    Op,
+    Phase,
+    TensorType,
+    ThreadBuilder,
+)
+from mirage_jax.ir.fuse import fuse_elementwise
+
+N = -1  # "not mapped" in imap / omap / fdim
+
+
+def _load_graphs():
+    spec = importlib.util.spec_from_file_location(
+        "mj_test_graphs", Path(__file__).with_name("graphs.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+G = _load_graphs()
+
+
+def T(*shape: int, dtype: DType = F32) -> TensorType:
+    return TensorType(shape, dtype)
+
+
+# ---------------------------------------------------------------------------------- harness
+
+
+def run_cpu(graph: KernelGraph, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Emit, compile (build.py), register (runtime) and call ``graph`` inside jax.jit."""
+    from mirage_jax.codegen.build import compile_shared_library
+    from mirage_jax.runtime import kernel_call, load_kernel
+
+    symbol = "mj_test_" + graph.fingerprint()[:20]
+    lib = compile_shared_library(emit_cpu(graph, symbol), name_hint=symbol)
+    name = load_kernel(lib, symbol)
+    avals = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in graph.output_types]
+    call = jax.jit(lambda *args: tuple(kernel_call(name, avals, *args)))
+    return [np.asarray(y) for y in call(*inputs)]
+
+
+# Tolerance relative to the largest reference magnitude of each output (at least 1).
+TOL = {F32: 2e-6, F64: 1e-13}
+
+
+def check(graph: KernelGraph, inputs: list[np.ndarray], tol: float | None = None) -> None:
+    """The compiled graph's outputs equal the float64 reference, output by output."""
+    got = run_cpu(graph, inputs)
+    want = evaluate(graph, inputs, precision="float64")
+    assert len(got) == len(want) == len(graph.output_types)
+    for i, (g, w, t) in enumerate(zip(got, want, graph.output_types)):
+        assert g.shape == t.shape and g.dtype == t.dtype.numpy, f"output {i}"
+        scale = max(1.0, float(np.max(np.abs(w[np.isfinite(w)]), initial=0.0)))
+        err = np.abs(g.astype(np.float64) - w)
+        bad = ~((err <= (tol or TOL[t.dtype]) * scale) | (np.isnan(g) & np.isnan(w)) | (g == w))
+        assert not bad.any(), (
+            f"output {i} {t}: max error {np.nanmax(err):.3g} (scale {scale:.3g}) at "
+            f"{np.argwhere(bad)[0].tolist()}: got {g[bad][0]!r}, want {w[bad][0]!r}"
+        )
+
+
+def rand(rng: np.random.Generator, t: TensorType, positive: bool = False) -> np.ndarray:
+    x = rng.standard_normal(t.shape)
+    if positive:
+        x = np.abs(x) + 0.1
+    return x.astype(t.dtype.numpy)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    print(f"random inputs from seed {seed}")  # shown by pytest when a test fails
+    return np.random.default_rng(seed)
+
+
+def _x64(dtype: DType):
+    return jax.enable_x64(dtype is F64)
+
+
+# ------------------------------------------------------------------------ kernel-level ops
+
+# (op, attrs, needs a positive operand)
+UNARY_CASES = [
+    (Op.EXP, {}, False), (Op.LOG, {}, True), (Op.SQUARE, {}, False), (Op.SQRT, {}, True),
+    (Op.RSQRT, {}, True), (Op.SIGMOID, {}, False), (Op.SILU, {}, False), (Op.GELU, {}, False),
+    (Op.TANH, {}, False), (Op.ERF, {}, False), (Op.RELU, {}, False), (Op.NEG, {}, False),
+    (Op.RECIPROCAL, {}, True), (Op.MUL_SCALAR, {"scalar": -1.75}, False),
+    (Op.ADD_SCALAR, {"scalar": 0.3}, False), (Op.POW_SCALAR, {"exponent": 3.0}, False),
+    (Op.POW_SCALAR, {"exponent": -2.0}, True), (Op.POW_SCALAR, {"exponent": 0.5}, True),
+    (Op.POW_SCALAR, {"exponent": -0.5}, True), (Op.POW_SCALAR, {"exponent": 1.7}, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_unary_ops(dtype: DType, rng: np.random.Generator) -> None:
+    kb = KernelBuilder()
+    x, p = kb.input(T(3, 5, 7, dtype=dtype)), kb.input(T(3, 5, 7, dtype=dtype))
+    for op, attrs, positive in UNARY_CASES:
+        kb.output(kb.apply(op, p if positive else x, **attrs))
+    g = kb.build()
+    with _x64(dtype):
+        check(g, [3 * rand(rng, g.input_types[0]), rand(rng, g.input_types[1], positive=True)])
+
+
+def test_unary_special_values() -> None:
+    """Vectorised float32 approximations keep IEEE edge cases: inf, nan, 0, overflow, huge.
+
+    XLA runs kernels with denormals flushed to zero, so denormal results may read as 0."""
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-37, 88.7, 89.0, -87.0, -104.0, -200.0,
+                30.0, -30.0, 4.5, -4.5, 0.6, -0.63, 1e-4, -1e-4, 3e38, -1.0, 2.0]  # fmt: skip
+    x = np.array(specials * 3, np.float32)  # vector lanes and scalar tail both see them
+    ops = [Op.EXP, Op.LOG, Op.TANH, Op.ERF, Op.SIGMOID, Op.SQRT, Op.RSQRT, Op.RELU]
+    kb = KernelBuilder()
+    xi = kb.input(T(x.size))
+    for op in ops:
+        kb.output(kb.apply(op, xi))
+    got = run_cpu(kb.build(), [x])
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        from scipy.special import erf, expit
+
+        want = [np.exp(x64), np.log(x64), np.tanh(x64), erf(x64), expit(x64), np.sqrt(x64),
+                1 / np.sqrt(x64), np.maximum(x64, 0)]  # fmt: skip
+        for op, g, w in zip(ops, got, want):
+            w32 = np.where(np.abs(w) < np.finfo(np.float32).tiny, 0.0, w).astype(np.float32)
+            ok = (g == w32) | (np.isnan(g) & np.isnan(w)) | (np.abs(g - w) <= 4e-7 * np.abs(w))
+            assert ok.all(), f"{op.value}: x={x[~ok]} got {g[~ok]} want {w[~ok]}"
+
+
+BINARY = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX]
+
+
+def test_binary_broadcasting(rng: np.random.Generator) -> None:
+    kb = KernelBuilder()
+    a, b = kb.input(T(3, 5, 7)), kb.input(T(3, 1, 7))
+    c, d = kb.input(T(1, 5, 1)), kb.input(T(3, 5, 1))
+    for op in BINARY:
+        for lhs, rhs in ((a, b), (c, a), (a, d), (b, c), (a, a), (d, d)):
+            kb.output(kb.apply(op, lhs, rhs))
+    g = kb.build()
+    # |x| + 0.5 keeps every divisor away from zero; random signs keep max() honest
+    ins = [(np.abs(rand(rng, t)) + 0.5) * rng.choice([-1, 1], t.shape) for t in g.input_types]
+    check(g, [x.astype(np.float32) for x in ins], tol=4e-7)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_reductions_every_dim(dtype: DType, rng: np.random.Generator) -> None:
+    kb = KernelBuilder()
+    x, y = kb.input(T(3, 5, 7, dtype=dtype)), kb.input(T(13, 257, dtype=dtype))
+    for op in (Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN, Op.REDUCE_RMS):
+        for v in (x, y):
+            for dim in range(len(v.shape)):
+                kb.output(kb.apply(op, v, dim=dim))
+    g = kb.build()
+    with _x64(dtype):
+        check(g, [rand(rng, t) for t in g.input_types], tol={F32: 1e-5, F64: 1e-13}[dtype])
+
+
+def test_layout_ops(rng: np.random.Generator) -> None:
+    kb = KernelBuilder()
+    x, y = kb.input(T(3, 5, 7)), kb.input(T(3, 2, 7))
+    e = kb.apply(Op.EXP, x)
+    kb.output(kb.apply(Op.RESHAPE, e, shape=(15, 7)))  # alias: exp writes the output directly
+    kb.output(kb.apply(Op.RESHAPE, kb.apply(Op.RESHAPE, x, shape=(105,)), shape=(7, 15)))
+    for perm in ((1, 0, 2), (2, 0, 1), (0, 2, 1), (2, 1, 0)):
+        kb.output(kb.apply(Op.TRANSPOSE, e, perm=perm))
+    kb.output(kb.apply(Op.CONCAT, x, y, dim=1))
+    kb.output(kb.apply(Op.CONCAT, x, x, dim=0))
+    kb.output(kb.apply(Op.CONCAT, x, kb.apply(Op.NEG, x), dim=2))
+    up = kb.apply(Op.CAST, e, dtype=F64)
+    kb.output(up)
+    kb.output(kb.apply(Op.CAST, kb.apply(Op.MUL_SCALAR, up, scalar=1 / 3), dtype=F32))
+    kb.output(e)  # the same value as a reshape output above: copied
+    kb.output(x)  # an input straight through: copied
+    g = kb.build()
+    with _x64(F64):  # float32 tolerance: the float64 outputs come from float32 values
+        check(g, [rand(rng, t) for t in g.input_types], tol=TOL[F32])
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_matmul_batched(dtype: DType, rng: np.random.Generator) -> None:
+    """Batch dims, M/N tails of the register blocking, and K split into cache-sized chunks."""
+    kb = KernelBuilder()
+    pairs = [((2, 3, 13, 17), (2, 3, 17, 19)), ((37, 129), (129, 65)), ((20, 300), (300, 70)),
+             ((1, 5), (5, 1))]  # fmt: skip
+    for sa, sb in pairs:
+        kb.output(kb.matmul(kb.input(T(*sa, dtype=dtype)), kb.input(T(*sb, dtype=dtype))))
+    g = kb.build()
+    with _x64(dtype):
+        check(g, [rand(rng, t) for t in g.input_types], tol={F32: 2e-6, F64: 1e-13}[dtype])
+
+
+def test_parallel_kernel_ops(rng: np.random.Generator) -> None:
+    """Sizes above the parallel threshold: the work is split over XLA's intra-op pool."""
+    kb = KernelBuilder()
+    x, w = kb.input(T(256, 257)), kb.input(T(257, 96))
+    s = kb.apply(Op.SILU, x)
+    kb.output(kb.apply(Op.REDUCE_SUM, s, dim=1))
+    kb.output(kb.apply(Op.REDUCE_MAX, s, dim=0))
+    kb.output(kb.matmul(s, w))
+    kb.output(kb.apply(Op.TRANSPOSE, s, perm=(1, 0)))
+    g = kb.build()
+    check(g, [rand(rng, t) for t in g.input_types], tol=1e-5)
+
+
+# ------------------------------------------------------------------------------ block graphs
+
+
+def _kernel(block: BlockGraph) -> KernelGraph:
+    kb = KernelBuilder()
+    ins = [kb.input(t) for t in block.arg_types]
+    for y in kb.graph_def(block, *ins):
+        kb.output(y)
+    return kb.build()
+
+
+def test_block_grid_xyz_replicated(rng: np.random.Generator) -> None:
+    """Grid on x, y and z, a replicated operand, a fused chain with broadcasting, reductions
+    of a tile over each dim and a block-level concat and cast."""
+    bb = BlockBuilder((2, 3, 5), 1, (T(4, 6, 10), T(1, 6, 1)))
+    a = bb.input_iter(0, (0, 1, 2))  # tile [2, 2, 2]
+    s = bb.input_iter(1, (N, 1, N))  # tile [1, 2, 1], the same for every x and z block
+    chain = bb.apply(Op.ADD, bb.apply(Op.MUL, bb.apply(Op.SILU, a), s), bb.apply(Op.EXP, a))
+    bb.output_saver(chain, (0, 1, 2))
+    for op in (Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN, Op.REDUCE_RMS):
+        for dim in range(3):
+            bb.output_saver(bb.apply(op, a, dim=dim), (0, 1, 2))
+    bb.output_saver(bb.apply(Op.CONCAT, a, chain, dim=2), (0, 1, 2))
+    bb.output_saver(bb.apply(Op.CAST, a, dtype=F64), (0, 1, 2))
+    # a given thread graph that changes dtype inside (its fused loop runs on scalars)
+    tb = ThreadBuilder()
+    u, v = tb.input(a.type), tb.input(s.type)
+    wide = tb.apply(Op.MUL_SCALAR, tb.apply(Op.CAST, tb.apply(Op.MUL, u, v), dtype=F64), scalar=3.0)
+    tb.output(tb.apply(Op.CAST, tb.apply(Op.TANH, wide), dtype=F32))
+    bb.output_saver(bb.apply(Op.THREAD, a, s, graph=tb.build()), (0, 1, 2))
+    g = _kernel(bb.build())
+    assert g.block_graphs[0].num_blocks == 30
+    with _x64(F64):
+        check(g, [rand(rng, t) for t in g.input_types])
+
+
+def test_block_elementwise_ops(rng: np.random.Generator) -> None:
+    """Every unary and binary op on tiles (saved per iteration along fdim), with broadcasting."""
+    bb = BlockBuilder((2, 1, 1), 3, (T(6, 48), T(6, 48), T(6, 3)))
+    x = bb.input_iter(0, (0, N, N), 1)  # [3, 16]
+    p = bb.apply(Op.ADD_SCALAR, bb.apply(Op.SQUARE, bb.input_iter(1, (0, N, N), 1)), scalar=0.1)
+    c = bb.input_iter(2, (0, N, N), 1)  # [3, 1]: broadcasts over the tile's columns
+    for op, attrs, positive in UNARY_CASES:
+        bb.output_saver(bb.apply(op, p if positive else x, **attrs), (0, N, N), fdim=1)
+    for op in BINARY:
+        bb.output_saver(bb.apply(op, x, p), (0, N, N), fdim=1)
+        bb.output_saver(bb.apply(op, c, p), (0, N, N), fdim=1)
+    g = _kernel(bb.build())
+    check(g, [rand(rng, t) for t in g.input_types], tol=4e-6)
+
+
+def test_block_forloop_hoisting_and_body_savers(rng: np.random.Generator) -> None:
+    """Loop-invariant tiles and ops are hoisted; body values are saved per iteration."""
+    bb = BlockBuilder((2, 1, 1), 3, (T(4, 12), T(1, 4), T(8, 5)))
+    x = bb.input_iter(0, (0, N, N), 1)  # [2, 4], varies with the loop
+    gain = bb.apply(Op.EXP, bb.input_iter(1, (N, N, N)))  # [1, 4], invariant
+    w = bb.input_iter(2, (N, N, N))  # [8, 5], invariant
+    y = bb.apply(Op.TANH, bb.apply(Op.MUL, x, gain))
+    bb.output_saver(y, (0, N, N), fdim=1)
+    both = bb.apply(Op.CONCAT, y, x, dim=1)  # [2, 8]
+    bb.output_saver(both, (1, N, N), fdim=0)  # blocks side by side, iterations stacked
+    acc = bb.apply(Op.ACC_SUM, bb.matmul(both, w))  # [2, 5]
+    bb.output_saver(bb.apply(Op.SIGMOID, acc), (0, N, N))
+    bb.output_saver(gain, (0, N, N))  # an invariant value, saved once per block
+    block = bb.build()
+    g = _kernel(block)
+    source = emit_cpu(g, "k")
+    loop_at = source.index("for (mj::i64 i = 0; i < 3; ++i)")
+    assert (
+        source.index("load_tile<mj::Shape<1,4>")
+        < loop_at
+        < source.index("load_tile<mj::Shape<4,12>")
+    )
+    assert source.index("mj::op::Exp{}") < loop_at  # the invariant exp is hoisted
+    check(g, [rand(rng, t) for t in g.input_types], tol=4e-6)
+
+
+def test_accumulators(rng: np.random.Generator) -> None:
+    """acc_sum / mean / max / rms over no dim and each tile dim, and acc_rescale_sum with a
+    broadcast and a full-shape max, paired with acc_max as in online softmax."""
+    bb = BlockBuilder((2, 1, 1), 4, (T(6, 20), T(6, 4), T(6, 20)))
+    x = bb.input_iter(0, (0, N, N), 1)  # [3, 5]
+    for op in (Op.ACC_SUM, Op.ACC_MEAN, Op.ACC_MAX, Op.ACC_RMS):
+        for dim in (N, 0, 1):
+            bb.output_saver(bb.apply(op, x, dim=dim), (0, N, N))
+    m = bb.input_iter(1, (0, N, N), 1)  # [3, 1]
+    m_full = bb.input_iter(2, (0, N, N), 1)  # [3, 5]
+    bb.output_saver(bb.apply(Op.ACC_RESCALE_SUM, x, m), (0, N, N))
+    bb.output_saver(bb.apply(Op.ACC_MAX, m), (0, N, N))
+    bb.output_saver(bb.apply(Op.ACC_RESCALE_SUM, x, m_full), (0, N, N))
+    # an accumulator of a loop-invariant tile: R times the tile
+    bb.output_saver(bb.apply(Op.ACC_SUM, bb.input_iter(1, (0, N, N))), (0, N, N))
+    g = _kernel(bb.build())
+    ins = [rand(rng, t) for t in g.input_types]
+    ins[1] *= 4  # widely spread maxima: the rescaling matters
+    check(g, ins, tol=4e-6)
+
+
+def test_block_matmul_batch_dims(rng: np.random.Generator) -> None:
+    """Tile matmul with a batch dim, accumulated over the loop (fused into matmul_acc) and not."""
+    bb = BlockBuilder((2, 1, 1), 2, (T(2, 6, 8), T(2, 8, 10)))
+    a = bb.input_iter(0, (0, N, N), 2)  # [1, 6, 4]
+    b = bb.input_iter(1, (0, N, N), 1)  # [1, 4, 10]
+    mm = bb.matmul(a, b)
+    bb.output_saver(bb.apply(Op.ACC_SUM, mm), (0, N, N))
+    bb.output_saver(bb.apply(Op.ACC_MAX, mm), (0, N, N))
+    g = _kernel(bb.build())
+    assert "matmul_acc" not in emit_cpu(g, "k")  # mm has two uses: it needs its own tile
+    check(g, [rand(rng, t) for t in g.input_types], tol=4e-6)
+
+
+# ------------------------------------------------------- the fused μGraphs of tests/graphs.py
+
+
+def _rmsnorm_linear(x, g, w, eps=1e-6):
+    return (x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * g) @ w
+
+
+def _gated_mlp(x, w1, w2):
+    return jax.nn.silu(x @ w1) * (x @ w2)
+
+
+def _attention(q, k, v):
+    return jax.nn.softmax(q @ k, axis=-1) @ v
+
+
+FUSED = {
+    "rmsnorm_linear": (lambda: G.rmsnorm_linear_fused(8, 256, 96, grid=(3, 2), loop=4),
+                       _rmsnorm_linear),
+    "gated_mlp": (lambda: G.gated_mlp_fused(8, 128, 64, grid=(2, 2), loop=4), _gated_mlp),
+    "gated_mlp_thread": (lambda: G.gated_mlp_fused(8, 128, 64, grid=(4, 1), loop=2, thread=True),
+                         _gated_mlp),
+    "flash_attention": (lambda: G.attention_fused(2, 8, 16, 128, row_blocks=2, loop=4),
+                        _attention),
+    "flash_decoding": (lambda: G.flash_decoding_split(2, 4, 16, 128, splits=2, loop=4),
+                       _attention),
+}  # fmt: skip
+
+
+def _fused_case(name: str, rng: np.random.Generator):
+    build, reference = FUSED[name]
+    g = build()
+    ins = [rand(rng, t) for t in g.input_types]
+    return g, ins, reference
+
+
+@pytest.mark.parametrize("name", sorted(FUSED))
+def test_fused_graphs_equal_the_interpreter(name: str, rng: np.random.Generator) -> None:
+    g, ins, _ = _fused_case(name, rng)
+    check(g, ins, tol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(FUSED))
+def test_fused_graphs_equal_jax(name: str, rng: np.random.Generator) -> None:
+    """The compiled fused μGraph computes the user's program (same library: a cache hit)."""
+    g, ins, reference = _fused_case(name, rng)
+    got = run_cpu(g, ins)[0]
+    want = np.asarray(jax.jit(reference)(*ins))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.max(np.abs(want)))
+
+
+# ------------------------------------------------------------------------ thread-graph rule
+
+
+def _chain_block() -> BlockGraph:
+    bb = BlockBuilder((2, 1, 1), 2, (T(4, 8), T(4, 1)))
+    x = bb.input_iter(0, (0, N, N), 1)  # [2, 4], body
+    s = bb.input_iter(1, (0, N, N))  # [2, 1], invariant
+    r = bb.apply(Op.RSQRT, bb.apply(Op.ADD_SCALAR, s, scalar=1e-6))  # invariant, [2, 1]
+    e = bb.apply(Op.EXP, x)
+    y = bb.apply(Op.MUL, bb.apply(Op.SILU, e), e)  # e used twice, inside one fragment
+    z = bb.apply(Op.MUL, y, r)  # r broadcasts: not fused into z's fragment
+    acc = bb.apply(Op.ACC_SUM, z)
+    bb.output_saver(bb.apply(Op.NEG, bb.apply(Op.SQRT, acc)), (0, N, N))
+    bb.output_saver(bb.apply(Op.TANH, x), (0, N, N), fdim=1)  # saved: a fragment of one
+    return bb.build()
+
+
+def _ops_of(block: BlockGraph) -> list[str]:
+    return [n.op.value for n in block.nodes]
+
+
+def test_fuse_elementwise_fragments() -> None:
+    block = _chain_block()
+    fused = fuse_elementwise(block)
+    threads = fused.nodes_of(Op.THREAD)
+    inner = [[n.op.value for n in t.attr("graph").nodes] for t in threads]
+    assert inner == [
+        ["input", "add_scalar", "rsqrt", "output"],  # invariant [2,1] fragment
+        ["input", "input", "exp", "silu", "mul", "mul", "output"],  # body DAG with r as input
+        ["input", "sqrt", "neg", "output"],  # epilogue fragment
+    ]
+    assert _ops_of(fused).count("tanh") == 1  # a single op stays a plain node
+    phases = fused.phases()
+    assert [phases[t.outs[0]] for t in threads] == [Phase.INVARIANT, Phase.BODY, Phase.EPILOGUE]
+    assert fuse_elementwise(fused) == fused  # idempotent
+
+
+def test_fuse_elementwise_preserves_results(rng: np.random.Generator) -> None:
+    block = _chain_block()
+    fused = fuse_elementwise(block)
+    ins = [rand(rng, t) for t in block.arg_types]
+    ins[1] = np.abs(ins[1])
+    for a, b in zip(evaluate(block, ins), evaluate(fused, ins)):
+        np.testing.assert_array_equal(a, b)
+    check(_kernel(block), ins, tol=4e-6)
+
+
+def test_fuse_keeps_multi_use_and_cross_phase_values() -> None:
+    bb = BlockBuilder((1, 1, 1), 2, (T(2, 4),))
+    x = bb.input_iter(0, (N, N, N), 1)
+    e = bb.apply(Op.EXP, x)
+    bb.output_saver(e, (N, N, N), fdim=1)  # e is saved: it must stay a tile
+    acc = bb.apply(Op.ACC_SUM, bb.apply(Op.NEG, e))
+    bb.output_saver(acc, (N, N, N))
+    block = bb.build()
+    assert fuse_elementwise(block) is block  # nothing to fuse: the same object back
+
+
+# ------------------------------------------------------------------------- emitter contract
+
+
+def test_table_covers_every_op() -> None:
+    assert set(TABLE) == set(Op)
+    assert all(t.fn for t in TABLE.values())
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_half_types_are_rejected_with_op_and_dtype(dtype: DType) -> None:
+    kb = KernelBuilder()
+    kb.output(kb.apply(Op.EXP, kb.input(T(4, 4, dtype=dtype))))
+    with pytest.raises(CompileError, match=rf"exp on {dtype.value} tensors.*\n.*remedy: .*float32"):
+        emit_cpu(kb.build(), "k")
+
+
+def test_half_types_inside_a_block_are_rejected() -> None:
+    bb = BlockBuilder((1, 1, 1), 1, (T(4, 4),))
+    half = bb.apply(Op.CAST, bb.input_iter(0, (N, N, N)), dtype=F16)
+    bb.output_saver(bb.apply(Op.CAST, bb.apply(Op.EXP, half), dtype=F32), (N, N, N))
+    with pytest.raises(CompileError, match="cast on f16 tensors"):
+        emit_cpu(_kernel(bb.build()), "k")
+
+
+def test_symbol_must_be_a_c_identifier() -> None:
+    kb = KernelBuilder()
+    kb.output(kb.apply(Op.EXP, kb.input(T(4))))
+    with pytest.raises(CompileError, match="not a C identifier"):
+        emit_cpu(kb.build(), "9-lives")
+
+
+def test_large_block_frames_use_thread_local_storage() -> None:
+    bb = BlockBuilder((2, 1, 1), 1, (T(512, 256),))
+    x = bb.input_iter(0, (0, N, N))  # a 256 KiB tile, plus the exp result
+    bb.output_saver(bb.apply(Op.EXP, x), (0, N, N))
+    source = emit_cpu(_kernel(bb.build()), "k")
+    assert "static thread_local mj::Tile<float, mj::Shape<256,256>> t0;" in source
+
+
+def test_generated_source_is_deterministic_and_short() -> None:
+    g = G.rmsnorm_linear_fused(16, 4096, 4096, grid=(64, 1), loop=64)
+    a, b = emit_cpu(g, "k"), emit_cpu(g, "k")
+    assert a == b
+    assert len(a.splitlines()) < 60 and "mj::matmul_acc(" in a
