@@ -5,9 +5,14 @@ Importing this package needs neither a compiler nor CUDA: native code is built l
 
 from __future__ import annotations
 
-from mirage_jax import ir
-from mirage_jax.errors import MirageError
-
 __version__ = "0.1.0"
 
-__all__ = ["MirageError", "__version__", "ir"]
+from mirage_jax import ir
+from mirage_jax.api import Optimized, explain, optimize
+from mirage_jax.errors import MirageError
+from mirage_jax.frontend import Cut, Region, TracedProgram, trace
+
+__all__ = [
+    "Cut", "MirageError", "Optimized", "Region", "TracedProgram", "__version__", "explain",
+    "ir", "optimize", "trace",
+]  # fmt: skip
