@@ -1,0 +1,654 @@
+"""Abstract expressions: what every tensor of a μGraph computes, ignoring how it is tiled.
+
+This is Mirage's pruning abstraction. Every tensor gets a ``Term`` over a small core language;
+a search prefix is pruned when the term of a new tensor is not a subexpression of the target's
+terms modulo the axioms (``mirage_jax.search.axioms``). ``SubexprOracle`` answers that question
+from the target's e-graph, saturated once with egglog (``mirage_jax.search.egraph``).
+
+Core language (``Term.head``; ``param`` in brackets)::
+
+    var[i]          kernel input i                const[q]      a rational constant
+    add(a, b, ...)  n-ary sum (flattened)         mul(a, ...)   n-ary product (flattened)
+    inv(a)          1/a                           exp(a), sqrt(a)
+    sum[n](a)       sum over a reduced extent n   rmax(a)       max over a reduced extent
+    max(a, b)       elementwise maximum           concat(a, b)  opaque symbol over both parts
+    fn[name](a)     uninterpreted unary function (log, tanh, erf, pow:<e>)
+
+Lowering choices (``LOWERING`` below is the table):
+
+- matmul = sum[k](mul(a, b)); reduce_sum over a dim of size n = sum[n](x); reduce_mean =
+  mul(sum[n](x), 1/n); reduce_rms / acc_rms = sqrt(mean(x*x)).
+- sub(a, b) = add(a, mul(b, -1)); neg = mul(x, -1); div(a, b) = mul(a, inv(b)); rsqrt = inv(sqrt);
+  reciprocal = inv; square = mul(x, x); sigmoid = inv(add(1, exp(mul(x, -1)))); silu = x*sigmoid;
+  relu = max(x, 0); gelu = its tanh formula with tanh opaque; pow_scalar 2, 3, 0.5, -0.5, -1, -2
+  become products/sqrt/inv, other exponents an opaque ``fn[pow:e]``.
+- reshape, transpose and cast are the identity: the abstraction has no indices or dtypes.
+  concat is an opaque symbol over both operands (the ``concat-matmul`` axiom relates it to sums).
+- Block level: an input_iter tile has the expression of its whole operand; a tile matmul
+  contracts only the tile's k; acc_sum over R iterations (dim d of tile extent t: R*t) is
+  sum[R*t]; acc_mean multiplies by 1/(R*t); acc_rms is sqrt of that mean of x*x.
+- Max reductions drop their extent: ``rmax(x)`` is "a max of x over some reduced extent", so a
+  per-tile max, a per-iteration max and the loop's global max (acc_max) have one expression.
+  acc_rescale_sum(x, m) = sum_i exp(m_i - M) x_i lowers to sum[R](x): the rescale factor is a
+  max-shift, invisible once the shift's maxima are identified. With both choices the online
+  softmax of FlashDecoding has the same expressions as the plain softmax it replaces.
+- Output savers pass the tile's term through; graph_def results are the saved terms.
+
+Terms are normalized as they are built (products and sums flattened and sorted, like terms
+collected, constants folded, constant factors pulled out of sums, nested sums merged, sum[1]
+dropped, rmax(rmax x) = rmax x, x*0 = 0, exp(0) = 1); float constants are rounded to float32
+and snapped to a simple fraction when one rounds the same (see ``const``). Each normalizing step
+is also an axiom the e-graph applies, so normalizing does not hide a term the e-graph holds.
+Terms without inputs (x - x = 0) are always accepted.
+
+Soundness of pruning. The abstraction only identifies more things than arithmetic does, and
+axioms whose real form needs a side condition are applied without it (see ``axioms``): both
+make the oracle accept more, never less. Relative to the axioms, ``contains`` is complete for
+what the saturation schedule (``axioms.SCHEDULE``) reaches: the algebra is saturated, but
+distribution over sums runs two passes, concat-matmul one, and the algebra three passes over
+the tile splits (running everything to a fixpoint explodes on the attention targets); the
+lookup also tries every order of a product or sum of up to 4 operands. ``stats.saturated`` is
+False when a budget limit cut the schedule short. Pruned although equivalent: graphs equal to
+the target only through an identity outside the axioms (a cancellation ``x * inv(x)``, the
+factoring direction of distributivity, log/tanh/erf identities, a max-subtracting softmax
+against a target without the subtraction) or through tile derivations deeper than the schedule's
+last passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from mirage_jax.errors import SearchError
+from mirage_jax.ir.graph import BlockGraph, KernelGraph, ThreadGraph
+from mirage_jax.ir.ops import NONE_DIM, Op
+from mirage_jax.ir.shapes import BlockContext
+from mirage_jax.ir.types import TensorType
+
+# ---------------------------------------------------------------------------------------------
+# terms
+
+Param = int | Fraction | str | None
+
+
+class Term:
+    """An immutable, hashable abstract expression: ``head(param)(args...)``.
+
+    Build terms with the normalizing constructors (``var``, ``const``, ``add``, ``mul``, ...),
+    not with ``Term(...)`` directly, so equal expressions compare equal.
+    """
+
+    __slots__ = ("head", "args", "param", "_hash", "_str")
+
+    head: str
+    args: tuple[Term, ...]
+    param: Param
+
+    def __init__(self, head: str, args: tuple[Term, ...] = (), param: Param = None) -> None:
+        object.__setattr__(self, "head", head)
+        object.__setattr__(self, "args", tuple(args))
+        object.__setattr__(self, "param", param)
+        object.__setattr__(self, "_hash", hash((head, self.args, param)))
+        object.__setattr__(self, "_str", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Term is immutable")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Term) or self._hash != other._hash:
+            return False
+        return self.head == other.head and self.param == other.param and self.args == other.args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuild (and rehash) on unpickling: str hashes differ between processes
+        return (Term, (self.head, self.args, self.param))
+
+    def __str__(self) -> str:
+        if self._str is None:
+            object.__setattr__(self, "_str", _render(self))
+        return self._str  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"Term<{self}>"
+
+    def subterms(self) -> list[Term]:
+        """Every distinct subterm, children before parents (self last)."""
+        seen: dict[Term, None] = {}
+
+        def visit(t: Term) -> None:
+            if t in seen:
+                return
+            for a in t.args:
+                visit(a)
+            seen[t] = None
+
+        visit(self)
+        return list(seen)
+
+    @property
+    def size(self) -> int:
+        """Number of distinct subterms (DAG size)."""
+        return len(self.subterms())
+
+
+def _render(t: Term) -> str:
+    if t.head == "var":
+        return f"x{t.param}"
+    if t.head == "const":
+        return str(t.param)
+    inner = [str(a) for a in t.args]
+    if t.head in ("sum", "fn"):
+        inner.insert(0, str(t.param))
+    return f"{t.head}({', '.join(inner)})"
+
+
+def _key(t: Term) -> str:
+    return str(t)
+
+
+def _snap(value: float | int | Fraction) -> Fraction:
+    """A float constant as a rational, rounded to float32 first and snapped to a simple
+    fraction when one rounds to the same float32: ``1e-6`` traced in f32 or written in f64,
+    ``mul_scalar(1/3)`` and a mean over 3 all get one constant. (Identifying constants that
+    agree to float32 precision only ever makes the oracle accept more.)"""
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, int):
+        return Fraction(value)
+    if not math.isfinite(value):
+        raise SearchError(f"constant {value} is not finite: abstract expressions are rational")
+    with np.errstate(over="ignore"):
+        x32 = np.float32(value)
+    if not np.isfinite(x32) or x32 == 0:
+        return Fraction(float(value))
+    simple = Fraction(float(x32)).limit_denominator(1_000_000)
+    return simple if np.float32(simple) == x32 else Fraction(float(x32))
+
+
+def var(index: int) -> Term:
+    return Term("var", (), int(index))
+
+
+def const(value: float | int | Fraction) -> Term:
+    return Term("const", (), _snap(value))
+
+
+ONE = Term("const", (), Fraction(1))
+MINUS_ONE = Term("const", (), Fraction(-1))
+
+
+def _flatten(head: str, xs: Sequence[Term]) -> tuple[list[Term], list[Fraction]]:
+    terms: list[Term] = []
+    consts: list[Fraction] = []
+    for x in xs:
+        for y in x.args if x.head == head else (x,):
+            if y.head == "const":
+                consts.append(y.param)  # type: ignore[arg-type]
+            else:
+                terms.append(y)
+    return terms, consts
+
+
+def mul(*xs: Term) -> Term:
+    """Product; flattened, constants folded into one trailing factor, factors sorted."""
+    terms, consts = _flatten("mul", xs)
+    c = math.prod(consts, start=Fraction(1))
+    if c == 0:
+        return Term("const", (), Fraction(0))
+    terms.sort(key=_key)
+    if c != 1 or not terms:
+        terms.append(Term("const", (), c))
+    return terms[0] if len(terms) == 1 else Term("mul", tuple(terms))
+
+
+def _coefficient(t: Term) -> tuple[Term, Fraction]:
+    """``t`` as core * k; cores of normalized products are normalized (factors stay sorted)."""
+    if t.head == "mul" and t.args[-1].head == "const":
+        rest, k = t.args[:-1], t.args[-1].param
+        return (rest[0] if len(rest) == 1 else Term("mul", rest)), k  # type: ignore[return-value]
+    return t, Fraction(1)
+
+
+def add(*xs: Term) -> Term:
+    """Sum of terms; flattened, like terms collected (x + 2x = 3x, x - x = 0), constants
+    folded, terms sorted."""
+    terms, consts = _flatten("add", xs)
+    collected: dict[Term, list[Any]] = {}  # core -> [coefficient, the summand if alone]
+    for t in terms:
+        core, k = _coefficient(t)
+        entry = collected.get(core)
+        if entry is None:
+            collected[core] = [k, t]
+        else:
+            entry[0] += k
+            entry[1] = None
+    out = [t if t is not None else mul(core, Term("const", (), k))
+           for core, (k, t) in collected.items() if k != 0]  # fmt: skip
+    out.sort(key=_key)
+    c = sum(consts, start=Fraction(0))
+    if c != 0 or not out:
+        out.append(Term("const", (), c))
+    return out[0] if len(out) == 1 else Term("add", tuple(out))
+
+
+def inv(x: Term) -> Term:
+    if x.head == "const" and x.param != 0:
+        return Term("const", (), 1 / x.param)  # type: ignore[operator]
+    if x.head == "inv":
+        return x.args[0]
+    return Term("inv", (x,))
+
+
+def exp(x: Term) -> Term:
+    return ONE if x.head == "const" and x.param == 0 else Term("exp", (x,))
+
+
+def sqrt(x: Term) -> Term:
+    return Term("sqrt", (x,))
+
+
+def sum_(extent: int, x: Term) -> Term:
+    """Sum over a reduced extent; sum[1] is dropped, constant factors move out, nests merge."""
+    extent = int(extent)
+    if extent < 1:
+        raise SearchError(f"a sum over extent {extent} is meaningless")
+    if extent == 1:
+        return x
+    if x.head == "mul" and x.args[-1].head == "const":
+        rest = mul(*x.args[:-1])
+        return mul(sum_(extent, rest), x.args[-1])
+    if x.head == "sum":
+        return sum_(extent * x.param, x.args[0])  # type: ignore[operator]
+    return Term("sum", (x,), extent)
+
+
+def rmax(x: Term) -> Term:
+    """Max over a reduced extent (the extent is abstracted away, see the module docstring)."""
+    return x if x.head == "rmax" else Term("rmax", (x,))
+
+
+def maximum(a: Term, b: Term) -> Term:
+    """Elementwise maximum (commutative: operands sorted)."""
+    return Term("max", tuple(sorted((a, b), key=_key)))
+
+
+def concat(a: Term, b: Term) -> Term:
+    return Term("concat", (a, b))
+
+
+def fn(name: str, x: Term) -> Term:
+    """An uninterpreted unary function."""
+    return Term("fn", (x,), str(name))
+
+
+def neg(x: Term) -> Term:
+    return mul(x, MINUS_ONE)
+
+
+def sigmoid(x: Term) -> Term:
+    return inv(add(ONE, exp(neg(x))))
+
+
+def mean(extent: int, x: Term) -> Term:
+    return mul(sum_(extent, x), const(Fraction(1, extent)))
+
+
+# ---------------------------------------------------------------------------------------------
+# lowering of ops
+
+
+Lower = Callable[
+    [Mapping[str, Any], Sequence[Term], Sequence[TensorType], "BlockContext | None"], Term
+]
+
+
+def _pow(x: Term, e: float) -> Term:
+    table = {
+        1.0: lambda: x, 2.0: lambda: mul(x, x), 3.0: lambda: mul(x, x, x),
+        0.5: lambda: sqrt(x), -0.5: lambda: inv(sqrt(x)), -1.0: lambda: inv(x),
+        -2.0: lambda: inv(mul(x, x)), 0.0: lambda: ONE,
+    }  # fmt: skip
+    make = table.get(float(e))
+    return make() if make is not None else fn(f"pow:{float(e)!r}", x)
+
+
+def _gelu(x: Term) -> Term:
+    inner = mul(const(math.sqrt(2 / math.pi)), add(x, mul(const(0.044715), x, x, x)))
+    return mul(const(0.5), x, add(ONE, fn("tanh", inner)))
+
+
+def _unary(f: Callable[[Term], Term]) -> Lower:
+    return lambda attrs, ins, types, blk: f(ins[0])
+
+
+def _binary(f: Callable[[Term, Term], Term]) -> Lower:
+    return lambda attrs, ins, types, blk: f(ins[0], ins[1])
+
+
+def _extent(types: Sequence[TensorType], dim: int) -> int:
+    return 1 if dim == NONE_DIM else types[0].shape[dim]
+
+
+def _loop(op: Op, blk: BlockContext | None) -> int:
+    if blk is None:
+        raise SearchError(
+            f"{op.value}: an accumulator needs the block context (forloop range)",
+            remedy="pass block=BlockGraph.context to abstract_op for block-level ops",
+        )
+    return blk.forloop_range
+
+
+def _reduction(kind: str) -> Lower:
+    def lower(attrs, ins, types, blk):
+        n, x = types[0].shape[attrs["dim"]], ins[0]
+        if kind == "sum":
+            return sum_(n, x)
+        if kind == "mean":
+            return mean(n, x)
+        if kind == "rms":
+            return sqrt(mean(n, mul(x, x)))
+        return x if n == 1 else rmax(x)
+
+    return lower
+
+
+def _accumulator(op: Op) -> Lower:
+    def lower(attrs, ins, types, blk):
+        loops = _loop(op, blk)
+        dim = attrs.get("dim", NONE_DIM)
+        n, x = loops * _extent(types, dim), ins[0]
+        if op is Op.ACC_SUM:
+            return sum_(n, x)
+        if op is Op.ACC_MEAN:
+            return mean(n, x)
+        if op is Op.ACC_RMS:
+            return sqrt(mean(n, mul(x, x)))
+        return x if n == 1 else rmax(x)
+
+    return lower
+
+
+def _rescale_sum(attrs, ins, types, blk):
+    # sum_i exp(m_i - M) * x_i: the rescale factor is a max-shift, which the abstraction does
+    # not see (module docstring); only the sum over the R iterations remains
+    return sum_(_loop(Op.ACC_RESCALE_SUM, blk), ins[0])
+
+
+def _matmul(attrs, ins, types, blk):
+    return sum_(types[0].shape[-1], mul(ins[0], ins[1]))
+
+
+def _input(attrs, ins, types, blk):
+    if "index" not in attrs:
+        raise SearchError(
+            "input: abstract_op needs the input's position as attrs['index']",
+            remedy="pass {'index': i} for the i-th INPUT node, or use var(i)",
+        )
+    return var(attrs["index"])
+
+
+def _input_iter(attrs, ins, types, blk):
+    if len(ins) != 1:
+        raise SearchError(
+            "input_iter: abstract_op needs the term of the graph_def operand it reads",
+            remedy="pass in_terms=(arg_terms[attrs['arg']],)",
+        )
+    return ins[0]
+
+
+LOWERING: dict[Op, Lower] = {
+    Op.INPUT: _input,
+    Op.INPUT_ITER: _input_iter,
+    Op.RESHAPE: _unary(lambda x: x),
+    Op.TRANSPOSE: _unary(lambda x: x),
+    Op.CAST: _unary(lambda x: x),
+    Op.MATMUL: _matmul,
+    Op.EXP: _unary(exp),
+    Op.LOG: _unary(lambda x: fn("log", x)),
+    Op.SQUARE: _unary(lambda x: mul(x, x)),
+    Op.SQRT: _unary(sqrt),
+    Op.RSQRT: _unary(lambda x: inv(sqrt(x))),
+    Op.SIGMOID: _unary(sigmoid),
+    Op.SILU: _unary(lambda x: mul(x, sigmoid(x))),
+    Op.GELU: _unary(_gelu),
+    Op.TANH: _unary(lambda x: fn("tanh", x)),
+    Op.ERF: _unary(lambda x: fn("erf", x)),
+    Op.RELU: _unary(lambda x: maximum(x, const(0))),
+    Op.NEG: _unary(neg),
+    Op.RECIPROCAL: _unary(inv),
+    Op.MUL_SCALAR: lambda attrs, ins, types, blk: mul(ins[0], const(attrs["scalar"])),
+    Op.ADD_SCALAR: lambda attrs, ins, types, blk: add(ins[0], const(attrs["scalar"])),
+    Op.POW_SCALAR: lambda attrs, ins, types, blk: _pow(ins[0], attrs["exponent"]),
+    Op.ADD: _binary(add),
+    Op.SUB: _binary(lambda a, b: add(a, neg(b))),
+    Op.MUL: _binary(mul),
+    Op.DIV: _binary(lambda a, b: mul(a, inv(b))),
+    Op.MAX: _binary(maximum),
+    Op.REDUCE_SUM: _reduction("sum"),
+    Op.REDUCE_MEAN: _reduction("mean"),
+    Op.REDUCE_RMS: _reduction("rms"),
+    Op.REDUCE_MAX: _reduction("max"),
+    Op.CONCAT: _binary(concat),
+    Op.ACC_SUM: _accumulator(Op.ACC_SUM),
+    Op.ACC_MEAN: _accumulator(Op.ACC_MEAN),
+    Op.ACC_MAX: _accumulator(Op.ACC_MAX),
+    Op.ACC_RMS: _accumulator(Op.ACC_RMS),
+    Op.ACC_RESCALE_SUM: _rescale_sum,
+}
+
+
+def abstract_op(
+    op: Op,
+    attrs: Mapping[str, Any],
+    in_terms: Sequence[Term],
+    in_types: Sequence[TensorType],
+    out_types: Sequence[TensorType],
+    block: BlockContext | None = None,
+) -> tuple[Term, ...]:
+    """The terms of one node's outputs from its operands' terms (one term per output).
+
+    Conventions for the structural ops: INPUT takes ``attrs['index']`` (its position among the
+    kernel inputs); INPUT_ITER takes ``in_terms=(term of the operand it reads,)``; OUTPUT and
+    OUTPUT_SAVER have no outputs, so ``()`` (a saver's term is its operand's term); GRAPH_DEF
+    and THREAD expand their nested graph. Block-level accumulators need ``block``.
+    """
+    if op in (Op.OUTPUT, Op.OUTPUT_SAVER):
+        return ()
+    if op is Op.GRAPH_DEF:
+        return block_output_terms(attrs["block"], in_terms)
+    if op is Op.THREAD:
+        return (thread_term(attrs["graph"], in_terms),)
+    lower = LOWERING.get(op)
+    if lower is None:  # pragma: no cover - guards the table against a new Op
+        raise SearchError(f"{op.value}: no abstract-expression lowering")
+    return (lower(attrs, tuple(in_terms), tuple(in_types), block),)
+
+
+def _node_terms(graph, nodes_terms: dict[int, Term], block: BlockContext | None, node) -> None:
+    ins = [nodes_terms[i] for i in node.ins]
+    types = [graph.types[i] for i in node.ins]
+    outs = abstract_op(
+        node.op, node.attr_dict, ins, types, [graph.types[o] for o in node.outs], block
+    )
+    nodes_terms.update(zip(node.outs, outs))
+
+
+def kernel_terms(graph: KernelGraph) -> dict[int, Term]:
+    """The term of every value id of a kernel graph (graph_def results via their block)."""
+    terms: dict[int, Term] = {}
+    index = 0
+    for node in graph.nodes:
+        if node.op is Op.INPUT:
+            terms[node.outs[0]] = var(index)
+            index += 1
+        else:
+            _node_terms(graph, terms, None, node)
+    return terms
+
+
+def block_terms(block: BlockGraph, arg_terms: Sequence[Term]) -> dict[int, Term]:
+    """The term of every value id of a block graph whose operands have ``arg_terms``."""
+    if len(arg_terms) != len(block.arg_types):
+        raise SearchError(
+            f"block graph has {len(block.arg_types)} operands but {len(arg_terms)} terms given"
+        )
+    ctx = block.context
+    terms: dict[int, Term] = {}
+    for node in block.nodes:
+        if node.op is Op.INPUT_ITER:
+            terms[node.outs[0]] = arg_terms[node.attr("arg")]
+        else:
+            _node_terms(block, terms, ctx, node)
+    return terms
+
+
+def block_output_terms(block: BlockGraph, arg_terms: Sequence[Term]) -> tuple[Term, ...]:
+    """The terms of a block graph's saved outputs (the graph_def results), in saver order."""
+    terms = block_terms(block, arg_terms)
+    return tuple(terms[n.ins[0]] for n in block.outputs)
+
+
+def thread_term(graph: ThreadGraph, in_terms: Sequence[Term]) -> Term:
+    """The term of a thread graph's output: its elementwise chain inlined."""
+    terms: dict[int, Term] = {}
+    inputs = iter(in_terms)
+    for node in graph.nodes:
+        if node.op is Op.INPUT:
+            terms[node.outs[0]] = next(inputs)
+        elif node.op is Op.OUTPUT:
+            return terms[node.ins[0]]
+        else:
+            _node_terms(graph, terms, None, node)
+    raise SearchError("thread graph without an output")  # pragma: no cover - builder forbids
+
+
+def all_terms(graph: KernelGraph) -> list[tuple[str, Term]]:
+    """Every tensor of a μGraph at every level, labelled: ``("k%3", t)`` for kernel value 3,
+    ``("b1%5", t)`` for value 5 of the block graph of the second graph_def (thread graphs are
+    inlined into the block value they produce)."""
+    terms = kernel_terms(graph)
+    out = [(f"k%{vid}", t) for vid, t in sorted(terms.items())]
+    for i, node in enumerate(graph.nodes_of(Op.GRAPH_DEF)):
+        inner = block_terms(node.attr("block"), [terms[v] for v in node.ins])
+        out += [(f"b{i}%{vid}", t) for vid, t in sorted(inner.items())]
+    return out
+
+
+def output_terms(graph: KernelGraph) -> tuple[Term, ...]:
+    """The terms of a kernel graph's outputs, in order."""
+    terms = kernel_terms(graph)
+    return tuple(terms[n.ins[0]] for n in graph.outputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# the oracle
+
+
+def _has_var(term: Term) -> bool:
+    return any(t.head == "var" for t in term.subterms())
+
+
+@dataclass(frozen=True)
+class SaturationBudget:
+    """Limits on saturating the target's e-graph (checked after each egglog iteration)."""
+
+    iterations: int = 64
+    node_limit: int = 200_000
+    time_limit_s: float = 30.0
+
+
+@dataclass
+class OracleStats:
+    """Counters of one oracle: queries (cache hits among them, accepted = distinct accepted
+    terms) and how the saturation went."""
+
+    queries: int = 0
+    cache_hits: int = 0
+    accepted: int = 0
+    saturation_s: float = 0.0
+    iterations: int = 0
+    saturated: bool = False
+    stop_reason: str = ""
+    enodes: int = 0
+    eclasses: int = 0
+    # one entry per egglog iteration: (schedule stage, e-graph size, seconds since start)
+    per_iteration: list[tuple[str, int, float]] = field(default_factory=list)
+
+
+class SubexprOracle:
+    """Is a term, modulo the axioms, a subexpression of the target's outputs?
+
+    The target's output terms go into one egglog e-graph, saturated once with ``AXIOMS`` by
+    ``axioms.SCHEDULE`` under ``budget``; the result is frozen into a Python hash-cons table,
+    so a query is a bottom-up lookup over the term's nodes (memoized per subterm, answers
+    cached per term), with no egglog call. ``stats.saturated`` is False when a budget limit
+    cut the schedule short; the oracle then still answers, but may reject a term it should
+    accept (the module docstring says what the schedule reaches).
+    """
+
+    def __init__(
+        self, target: KernelGraph | Sequence[Term], *, budget: SaturationBudget | None = None
+    ) -> None:
+        from mirage_jax.search.egraph import saturate
+
+        self.targets: tuple[Term, ...] = (
+            output_terms(target) if isinstance(target, KernelGraph) else tuple(target)
+        )
+        self.budget = budget or SaturationBudget()
+        self.stats = OracleStats()
+        self._index = saturate(self.targets, self.budget, self.stats)
+        self._outputs = tuple(self._index.class_of(t) for t in self.targets)
+        self._answers: dict[Term, bool] = {}
+
+    def contains(self, term: Term) -> bool:
+        self.stats.queries += 1
+        hit = self._answers.get(term)
+        if hit is not None:
+            self.stats.cache_hits += 1
+            return hit
+        # a term without inputs (x - x = 0) tells nothing about the target: accept it
+        found = self._index.class_of(term) is not None or not _has_var(term)
+        self._answers[term] = found
+        self.stats.accepted += found
+        return found
+
+    def equals_output(self, term: Term, index: int) -> bool:
+        """Whether ``term`` is in the e-class of target output ``index``.
+
+        A necessary-condition filter before the finite-field check: False means the axioms do
+        not show the two equal (a truly equal term is answered False only through identities
+        outside the axioms and schedule). True is *not* proof: the abstraction identifies things
+        arithmetic does not (tile layouts, max extents, the online-softmax rescale), so a True
+        must still be verified.
+        """
+        if not 0 <= index < len(self._outputs):
+            raise SearchError(f"target has {len(self._outputs)} outputs, not index {index}")
+        cls = self._index.class_of(term)
+        return cls is not None and cls == self._outputs[index]
+
+    def class_of(self, term: Term) -> int | None:
+        """The e-class id of ``term`` in the saturated target e-graph, or None."""
+        return self._index.class_of(term)
+
+    def check_with_egglog(self, term: Term) -> bool:
+        """``contains`` asked of egglog itself (slow; for cross-checking the frozen table)."""
+        return self._index.check_with_egglog(term)
+
+
+__all__ = [
+    "LOWERING", "OracleStats", "SaturationBudget", "SubexprOracle", "Term", "abstract_op",
+    "add", "all_terms", "block_output_terms", "block_terms", "concat", "const", "exp", "fn", "inv",
+    "kernel_terms", "maximum", "mean", "mul", "neg", "output_terms", "rmax", "sigmoid",
+    "sqrt", "sum_", "thread_term", "var",
+]  # fmt: skip
