@@ -11,8 +11,9 @@ from mirage_jax import ir
 from mirage_jax.api import Optimized, explain, optimize
 from mirage_jax.errors import MirageError
 from mirage_jax.frontend import Cut, Region, TracedProgram, trace
+from mirage_jax.library import load_library, precompile
 
 __all__ = [
     "Cut", "MirageError", "Optimized", "Region", "TracedProgram", "__version__", "explain",
-    "ir", "optimize", "trace",
+    "ir", "load_library", "optimize", "precompile", "trace",
 ]  # fmt: skip

@@ -39,6 +39,7 @@ class OptimizeOptions:
     strategy: str = "search"  # "search": superoptimize; "as_is": the region's own kernel graph
     require_speedup: bool = True  # keep a custom call only if it beats XLA in this process
     verify: bool = True  # check every compiled region against XLA on random inputs
+    cache: bool = True  # reuse and record decisions in the on-disk cache
     config: Any = None  # mirage_jax.config.SearchConfig or None for the defaults
 
     def __post_init__(self) -> None:
@@ -100,13 +101,14 @@ def optimize(
     strategy: str = "search",
     require_speedup: bool = True,
     verify: bool = True,
+    cache: bool = True,
     static_argnums: int | Sequence[int] = (),
 ) -> Any:
     """Superoptimize ``fn``'s supported regions with Mirage; the rest stays with XLA.
 
     Usable as ``@optimize`` or ``@optimize(config=SearchConfig(...), static_argnums=...)``.
     """
-    options = OptimizeOptions(strategy, require_speedup, verify, config)
+    options = OptimizeOptions(strategy, require_speedup, verify, cache, config)
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
 
     def wrap(f: Callable[..., Any]) -> Optimized:

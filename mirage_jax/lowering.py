@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from mirage_jax.cache import Decision, decision_key, load, store
 from mirage_jax.errors import MirageError
 from mirage_jax.ir import KernelGraph, Op, TensorType
 from mirage_jax.timing import compare
@@ -38,6 +39,8 @@ class RegionPlan:
     mirage_s: float | None = None
     xla_s: float | None = None
     search_report: Any = None
+    key: str = ""
+    source: str = "search"  # where the decision came from: search, cache or library
 
     @property
     def speedup(self) -> float | None:
@@ -53,6 +56,8 @@ class RegionPlan:
             head += f"{self.xla_s * 1e6:.0f} us)"
         if self.reason:
             head += f" - {self.reason}"
+        if self.source != "search":
+            head += f" [from {self.source}]"
         return head
 
 
@@ -64,23 +69,58 @@ def plan_region(program: Any, region: Any, options: Any) -> RegionPlan:
     if not _has_compute(region.graph):
         plan.reason = "no compute ops"
         return plan
+    plan.key = decision_key(region.graph, **_decision_context(options))
     try:
-        plan.graph, plan.search_report = _choose_graph(region.graph, options)
-        impl = compile_graph(plan.graph)
-        xla = program.region_callable(region.index)
-        args = random_inputs(region.graph.input_types, seed=region.index)
-        if options.verify:
-            _verify(impl, xla, args)
-        # Timed even when speed is not required, so explain can report the ratio.
-        plan.mirage_s, plan.xla_s = compare(jax.jit(impl), jax.jit(xla), args)
-        if options.require_speedup and plan.mirage_s >= plan.xla_s:
-            plan.reason = f"slower than XLA ({plan.xla_s / plan.mirage_s:.2f}x), kept with XLA"
-            return plan
-        plan.impl = impl
+        if not _reuse(plan, options):
+            _decide(plan, program, region, options)
+            if options.cache:
+                store(plan.key, Decision(plan.graph if plan.impl else None, plan.reason,
+                                         plan.mirage_s, plan.xla_s))  # fmt: skip
     except MirageError as err:
+        plan.impl = None
         plan.reason = f"fell back to XLA: {err.cause}"
         log.warning("region %d: %s", region.index, plan.reason)
     return plan
+
+
+def _decision_context(options: Any) -> dict[str, Any]:
+    from mirage_jax.codegen.isa import host_isa
+
+    return {"backend": "cpu", "isa": host_isa(), "strategy": options.strategy,
+            "config": repr(options.config), "require_speedup": options.require_speedup,
+            "numpy": np.__version__}  # fmt: skip
+
+
+def _reuse(plan: RegionPlan, options: Any) -> bool:
+    """Take the decision from a loaded kernel library or the on-disk cache: no search."""
+    from mirage_jax import library
+
+    entry = library.lookup(plan.key)
+    decision = entry.decision if entry else (load(plan.key) if options.cache else None)
+    if decision is None:
+        return False
+    plan.graph, plan.mirage_s, plan.xla_s = decision.graph, decision.mirage_s, decision.xla_s
+    plan.source = "library" if entry else "cache"
+    plan.reason = decision.reason
+    if decision.graph is not None:
+        kernel = entry.kernel if entry and entry.kernel else None
+        plan.impl = _call(kernel, decision.graph) if kernel else compile_graph(decision.graph)
+    return True
+
+
+def _decide(plan: RegionPlan, program: Any, region: Any, options: Any) -> None:
+    plan.graph, plan.search_report = _choose_graph(region.graph, options)
+    impl = compile_graph(plan.graph)
+    xla = program.region_callable(region.index)
+    args = random_inputs(region.graph.input_types, seed=region.index)
+    if options.verify:
+        _verify(impl, xla, args)
+    # Timed even when speed is not required, so explain can report the ratio.
+    plan.mirage_s, plan.xla_s = compare(jax.jit(impl), jax.jit(xla), args)
+    if options.require_speedup and plan.mirage_s >= plan.xla_s:
+        plan.reason = f"slower than XLA ({plan.xla_s / plan.mirage_s:.2f}x), kept with XLA"
+        return
+    plan.impl = impl
 
 
 def _has_compute(graph: KernelGraph) -> bool:
@@ -100,11 +140,16 @@ def compile_graph(graph: KernelGraph) -> Callable[..., Any]:
     """Emit, compile (cached by content) and register ``graph``; return a jax-traceable call."""
     from mirage_jax.codegen.build import compile_shared_library
     from mirage_jax.codegen.cpu import emit_cpu
-    from mirage_jax.runtime import kernel_call, load_kernel
+    from mirage_jax.runtime import load_kernel
 
     symbol = "mj_" + graph.fingerprint()[:24]
     lib = compile_shared_library(emit_cpu(graph, symbol), name_hint=symbol)
-    name = load_kernel(lib, symbol)
+    return _call(load_kernel(lib, symbol), graph)
+
+
+def _call(name: str, graph: KernelGraph) -> Callable[..., Any]:
+    from mirage_jax.runtime import kernel_call
+
     out_avals = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in graph.output_types]
 
     def call(*args: Any) -> Any:
