@@ -86,7 +86,7 @@ def plan_region(program: Any, region: Any, options: Any) -> RegionPlan:
 def _decision_context(options: Any) -> dict[str, Any]:
     from mirage_jax.codegen.isa import host_isa
 
-    return {"backend": "cpu", "isa": host_isa(), "strategy": options.strategy,
+    return {"backend": current_backend(), "isa": host_isa(), "strategy": options.strategy,
             "config": repr(options.config), "require_speedup": options.require_speedup,
             "numpy": np.__version__}  # fmt: skip
 
@@ -123,6 +123,11 @@ def _decide(plan: RegionPlan, program: Any, region: Any, options: Any) -> None:
     plan.impl = impl
 
 
+def current_backend() -> str:
+    """The backend regions compile for: the platform jax places arrays on by default."""
+    return "cuda" if jax.default_backend() == "gpu" else "cpu"
+
+
 def _has_compute(graph: KernelGraph) -> bool:
     return any(n.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE, Op.CAST) for n in graph.nodes)
 
@@ -138,6 +143,10 @@ def _choose_graph(target: KernelGraph, options: Any) -> tuple[KernelGraph, Any]:
 
 def compile_graph(graph: KernelGraph) -> Callable[..., Any]:
     """Emit, compile (cached by content) and register ``graph``; return a jax-traceable call."""
+    if current_backend() == "cuda":
+        from mirage_jax.runtime.cuda import compile_graph_cuda
+
+        return compile_graph_cuda(graph)
     from mirage_jax.codegen.build import compile_shared_library
     from mirage_jax.codegen.cpu import emit_cpu
     from mirage_jax.runtime import load_kernel
