@@ -144,6 +144,11 @@ class BlockGraph(Graph):
         return BlockContext(self.grid, self.forloop_range, self.arg_types)
 
     @property
+    def input_types(self) -> tuple[TensorType, ...]:
+        """A block graph reads its operands through input iterators: these are their types."""
+        return self.arg_types
+
+    @property
     def outputs(self) -> tuple[Node, ...]:
         return self.nodes_of(Op.OUTPUT_SAVER)
 

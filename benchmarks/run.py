@@ -1,0 +1,158 @@
+"""Mirage's benchmark suite against XLA fusion (jax.jit), measured in one process.
+
+    python benchmarks/run.py [--bs 1 8] [--programs rmsnorm_linear lora] [--json out.json]
+                             [--chart speedups.png] [--strategy search]
+
+For every program and batch size: jax.jit median time, mirage_jax.optimize median time, the
+speedup, this machine's roofline floor (max of bytes / measured memory bandwidth and flops /
+measured matmul rate), the fraction of the floor each reaches, the cold planning time (trace,
+search, compile, verify, time; empty cache) and the planning time from the on-disk cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import mirage_jax as mj
+from mirage_jax import suite
+from mirage_jax.ir import Op
+from mirage_jax.timing import compare, median_seconds
+
+
+def measure_bandwidth() -> float:
+    """Bytes/s of a streaming read+write over an array far larger than the caches."""
+    x = jnp.ones((64 * 1024 * 1024 // 4,), jnp.float32)
+    f = jax.jit(lambda a: a * 1.0001)
+    t = median_seconds(f, (x,), budget_s=1.0)
+    return 2 * x.nbytes / t
+
+
+def measure_matmul_rate() -> float:
+    a = jnp.ones((2048, 2048), jnp.float32)
+    f = jax.jit(lambda x, y: x @ y)
+    return 2 * 2048**3 / median_seconds(f, (a, a), budget_s=1.0)
+
+
+def program_cost(program: suite.Program, args: list) -> tuple[float, float]:
+    """Minimal bytes (inputs once, outputs once) and flops of the traced program."""
+    traced = mj.trace(program.fn, *args)
+    nbytes = sum(a.nbytes for a in args)
+    out = jax.eval_shape(program.fn, *args)
+    nbytes += sum(np.prod(o.shape) * np.dtype(o.dtype).itemsize for o in jax.tree.leaves(out))
+    flops = 0.0
+    for region in traced.regions:
+        g = region.graph
+        for node in g.nodes:
+            t = g.types[node.outs[0]] if node.outs else None
+            if node.op is Op.MATMUL:
+                k = g.types[node.ins[0]].shape[-1]
+                flops += 2 * t.size * k
+            elif t is not None:
+                flops += t.size
+    return float(nbytes), flops
+
+
+def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, floors) -> dict:
+    bw, rate = floors
+    inputs = [jax.device_put(x) for x in suite.make_inputs(program, seed=0)]
+    args = program.call_args(inputs)
+    nbytes, flops = program_cost(program, args)
+    floor = max(nbytes / bw, flops / rate)
+
+    with tempfile.TemporaryDirectory() as cache_dir:
+        os.environ["MIRAGE_JAX_CACHE_DIR"] = cache_dir
+        fast = mj.optimize(program.fn, strategy=args_ns.strategy)
+        t0 = time.perf_counter()
+        plan = fast.plan(*args)
+        cold = time.perf_counter() - t0
+        warm_fn = mj.optimize(program.fn, strategy=args_ns.strategy)
+        t0 = time.perf_counter()
+        warm_fn.plan(*args)
+        warm = time.perf_counter() - t0
+    os.environ.pop("MIRAGE_JAX_CACHE_DIR")
+
+    xla = jax.jit(program.fn)
+    got, want = np.asarray(fast(*args)), np.asarray(xla(*args))
+    err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+    t_mj, t_xla = compare(fast, xla, args, rounds=args_ns.rounds, budget_s=0.5)
+    search_s = sum(
+        getattr(p.search_report, "elapsed_s", 0.0) or 0.0 for p in plan.regions if p.search_report
+    )
+    return {
+        "program": program.name, "bs": bs, "xla_s": t_xla, "mirage_s": t_mj,
+        "speedup": t_xla / t_mj, "floor_s": floor, "xla_of_floor": t_xla / floor,
+        "mirage_of_floor": t_mj / floor, "plan_cold_s": cold, "plan_cached_s": warm,
+        "search_s": search_s, "max_rel_err": err,
+        "regions": [p.describe() for p in plan.regions],
+    }  # fmt: skip
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (f"{'program':16} {'bs':>2} {'jax.jit':>10} {'mirage':>10} {'speedup':>8} "
+            f"{'floor':>10} {'xla/fl':>7} {'mj/fl':>7} {'cold':>7} {'cached':>7}")  # fmt: skip
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['program']:16} {r['bs']:>2} {r['xla_s']*1e3:>8.3f}ms {r['mirage_s']*1e3:>8.3f}ms "
+              f"{r['speedup']:>7.2f}x {r['floor_s']*1e3:>8.3f}ms {r['xla_of_floor']:>7.2f} "
+              f"{r['mirage_of_floor']:>7.2f} {r['plan_cold_s']:>6.1f}s {r['plan_cached_s']:>6.2f}s")
+    speedups = [r["speedup"] for r in rows]
+    geo = math.exp(statistics.mean(math.log(s) for s in speedups))
+    print(f"\ngeomean speedup over jax.jit: {geo:.2f}x; min {min(speedups):.2f}x")
+
+
+def draw_chart(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['program']}\nbs={r['bs']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, len(rows)), 4))
+    ax.bar(labels, [r["speedup"] for r in rows])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("speedup over jax.jit")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bs", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--programs", nargs="*")
+    parser.add_argument("--strategy", default="search", choices=("search", "as_is"))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", default="benchmarks/results.json")
+    parser.add_argument("--chart")
+    ns = parser.parse_args()
+    floors = (measure_bandwidth(), measure_matmul_rate())
+    print(f"measured: memory bandwidth {floors[0]/1e9:.1f} GB/s, "
+          f"matmul {floors[1]/1e9:.1f} GFLOP/s, jax {jax.__version__}\n")  # fmt: skip
+    rows = []
+    for bs in ns.bs:
+        for program in suite.programs(bs):
+            if ns.programs and program.name not in ns.programs:
+                continue
+            rows.append(bench_case(program, bs, ns, floors))
+            print(f"  {program.name} bs={bs}: {rows[-1]['speedup']:.2f}x", file=sys.stderr)
+    print_table(rows)
+    Path(ns.json).write_text(json.dumps({"bandwidth": floors[0], "matmul_rate": floors[1],
+                                         "rows": rows}, indent=1))  # fmt: skip
+    if ns.chart:
+        draw_chart(rows, ns.chart)
+
+
+if __name__ == "__main__":
+    main()
