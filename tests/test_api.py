@@ -1,0 +1,117 @@
+"""@optimize and explain end to end: numerics against jax.jit, fallbacks and their reasons."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mirage_jax as mj
+from mirage_jax import lowering, suite
+from mirage_jax.errors import CompileError, MirageError
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRAGE_JAX_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _close(got, want, rtol=2e-4):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert np.max(np.abs(g - w)) <= rtol * max(1.0, np.max(np.abs(w)))
+
+
+@pytest.mark.parametrize("program", suite.programs(1), ids=lambda p: p.name)
+def test_six_benchmarks_match_jit_as_custom_calls(program):
+    args = program.call_args([jax.device_put(x) for x in suite.make_inputs(program, seed=11)])
+    fast = mj.optimize(program.fn, strategy="as_is", require_speedup=False)
+    _close(fast(*args), jax.jit(program.fn)(*args))
+    plan = fast.plan(*args)
+    assert [p.impl is not None for p in plan.regions] == [True]
+    assert "mirage custom call" in fast.explain(*args)
+    fresh = program.call_args([jax.device_put(x) for x in suite.make_inputs(program, seed=12)])
+    _close(fast(*fresh), jax.jit(program.fn)(*fresh))
+
+
+def test_unsupported_op_cuts_and_the_rest_runs_as_custom_calls():
+    def f(x, w):
+        y = jnp.sort(jnp.exp(x) @ w, axis=-1)
+        return jax.nn.silu(y) * 2.0
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((8, 16), np.float32), rng.standard_normal((16, 32), np.float32)
+    fast = mj.optimize(f, strategy="as_is", require_speedup=False)
+    _close(fast(x, w), jax.jit(f)(x, w))
+    report = fast.explain(x, w)
+    assert report.count("mirage custom call") == 2
+    assert "cut: " in report and "sort" in report and "test_api.py" in report
+
+
+def test_pytrees_static_args_and_no_retrace():
+    traces = []
+
+    def f(params, x, scale):
+        traces.append(1)
+        h = jnp.tanh(x @ params["w"]) * scale
+        return {"out": h, "norm": jnp.sum(h * h, axis=-1)}
+
+    rng = np.random.default_rng(1)
+    params = {"w": rng.standard_normal((16, 8), np.float32)}
+    x = rng.standard_normal((4, 16), np.float32)
+    fast = mj.optimize(f, strategy="as_is", require_speedup=False, static_argnums=2)
+    for scale in (0.5, 0.5, 2.0):
+        _close(fast(params, x, scale), jax.jit(f, static_argnums=2)(params, x, scale))
+    n = len(traces)
+    fast(params, x, 0.5)
+    fast(params, x + 1, 2.0)
+    assert len(traces) == n, "a seen signature must not be traced again"
+    assert len(fast._plans) == 2
+
+
+def test_failed_build_falls_back_to_xla_with_the_reason(monkeypatch, caplog):
+    def broken(graph):
+        raise CompileError("g++ exploded", remedy="none")
+
+    monkeypatch.setattr(lowering, "compile_graph", broken)
+    f = mj.optimize(lambda x: jnp.exp(x) * 3.0, strategy="as_is", cache=False)
+    x = np.ones((4, 4), np.float32)
+    with caplog.at_level(logging.WARNING, logger="mirage_jax"):
+        _close(f(x), np.exp(x) * 3.0)
+    assert "fell back to XLA: g++ exploded" in f.explain(x)
+    assert "g++ exploded" in caplog.text
+
+
+def test_wrong_compiled_code_is_caught_and_never_used(monkeypatch):
+    real = lowering.compile_graph
+
+    def off_by_one(graph):
+        call = real(graph)
+        return lambda *args: tuple(o + 1.0 for o in call(*args))
+
+    monkeypatch.setattr(lowering, "compile_graph", off_by_one)
+    f = mj.optimize(lambda x: jnp.exp(x) * 3.0, strategy="as_is", require_speedup=False,
+                    cache=False)  # fmt: skip
+    x = np.zeros((4, 4), np.float32)
+    _close(f(x), np.full((4, 4), 3.0))
+    assert "differs from XLA" in f.explain(x)
+
+
+def test_slower_region_stays_with_xla_and_explain_says_so(monkeypatch):
+    monkeypatch.setattr(lowering, "compare", lambda cand, base, args: (2e-3, 1e-3))
+    f = mj.optimize(lambda x: jnp.exp(x) + 1.0, strategy="as_is", cache=False)
+    x = np.ones((8, 8), np.float32)
+    _close(f(x), np.exp(x) + 1.0)
+    plan = f.plan(x)
+    assert plan.regions[0].impl is None
+    assert "slower than XLA (0.50x), kept with XLA" in f.explain(x)
+
+
+def test_xla_strategy_and_bad_options():
+    f = mj.optimize(lambda x: jnp.exp(x), strategy="xla")
+    assert "strategy 'xla'" in f.explain(np.ones(3, np.float32))
+    with pytest.raises(MirageError, match="unknown strategy 'fast'"):
+        mj.optimize(lambda x: x, strategy="fast")
