@@ -1,0 +1,218 @@
+"""An analytic CPU cost model for μGraphs compiled by the C++ backend.
+
+``estimate(graph, model)`` predicts the run time of a kernel graph on a multi-core CPU, to
+order verified candidates before the best few are compiled and timed for real. The CPU
+mapping (DESIGN.md §2): a kernel is one parallel region, a grid block is one task of the
+intra-op thread pool working on cache-resident tiles, the for-loop streams over a reduction
+dimension with accumulators in L1/L2, and a thread graph is one fused SIMD loop.
+
+Per graph-defined kernel:
+
+- bytes from memory: every operand tile a block reads (loop-varying tiles once per iteration),
+  summed over the blocks, i.e. replicated operands are re-read by every block; a re-read of an
+  operand that fits in the shared last-level cache costs ``llc_reread`` of a memory read;
+  outputs are written once;
+- flops: tile matmuls at the matmul rate (scaled down for skinny tiles, which cannot fill the
+  SIMD registers), elementwise ops and reductions at the vector rate (transcendentals cost
+  ``transcendental`` element operations), accumulator updates, all times the iterations;
+- working set: the live tiles of one block (operand tiles, intermediates, accumulators). The
+  emitter copies every operand tile into a local buffer; past L1 those copies and the
+  intermediates are streamed through L2, past L2 through memory (written and read back);
+- parallelism: blocks are spread over the cores in waves; the last wave may leave cores idle
+  (``imbalance``), and every block and every iteration pays a small scheduling overhead.
+
+time = launch + max(memory time, compute time / efficiency) + overheads. Kernel-level
+(pre-defined) ops are simple streaming kernels over whole tensors. The constants default to
+the machine this project was measured on (2 cores, ~30 GB/s, L1 48 KiB, L2 1 MiB per core,
+L3 32 MiB); they order candidates, the timing step decides.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase
+from mirage_jax.ir.ops import ACCUMULATORS, ELEMENTWISE, REDUCTIONS, Op
+
+_TRANSCENDENTAL = frozenset({
+    Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.SILU, Op.GELU, Op.TANH, Op.ERF,
+    Op.POW_SCALAR, Op.RECIPROCAL, Op.DIV,
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CpuModel:
+    """The ceilings of one CPU (defaults: the 2-core AMD EPYC this project runs on)."""
+
+    cores: int = 2
+    mem_bytes_per_s: float = 30e9  # all cores together
+    l2_bytes_per_s: float = 60e9  # per core
+    l1_bytes: int = 48 * 1024
+    l2_bytes: int = 1024 * 1024
+    llc_bytes: int = 32 * 1024 * 1024
+    llc_reread: float = 0.3  # a re-read of an LLC-resident operand, relative to memory
+    matmul_flops: float = 40e9  # per core, large tiles
+    vector_elems: float = 4e9  # elementwise element-ops per core per second
+    transcendental: float = 8.0  # element-ops per transcendental
+    launch_s: float = 3e-6  # one parallel region
+    block_s: float = 0.4e-6  # scheduling one block
+    iteration_s: float = 0.03e-6  # one for-loop iteration of one block
+
+
+DEFAULT_MODEL = CpuModel()
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """The estimate for one kernel: a graph_def or a pre-defined op."""
+
+    what: str
+    time_s: float
+    bytes: float
+    flops: float
+    blocks: int = 1
+    working_set: int = 0
+    imbalance: float = 0.0  # fraction of core time idle in the last wave
+
+
+@dataclass(frozen=True)
+class CpuCost:
+    """The estimate for a kernel graph: the sum over its kernels."""
+
+    time_s: float
+    bytes: float
+    flops: float
+    kernels: tuple[KernelCost, ...]
+
+    def __str__(self) -> str:
+        parts = ", ".join(
+            f"{k.what}: {k.time_s * 1e6:.1f}us ({k.blocks} blocks, ws {k.working_set // 1024}KiB)"
+            for k in self.kernels
+        )  # fmt: skip
+        return f"{self.time_s * 1e6:.1f}us [{parts}]"
+
+
+def estimate(graph: KernelGraph, model: CpuModel = DEFAULT_MODEL) -> CpuCost:
+    """Predicted time of ``graph`` on ``model``."""
+    kernels: list[KernelCost] = []
+    k = 0
+    for node in graph.nodes:
+        if node.op is Op.GRAPH_DEF:
+            kernels.append(block_cost(node.attr("block"), model, what=f"graph_def #{k}"))
+            k += 1
+        elif node.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE):
+            kernels.append(_op_cost(graph, node, model))
+    return CpuCost(
+        sum(c.time_s for c in kernels), sum(c.bytes for c in kernels),
+        sum(c.flops for c in kernels), tuple(kernels),
+    )  # fmt: skip
+
+
+def _elem_cost(op: Op, size: int, model: CpuModel) -> float:
+    """Element-ops of one elementwise/reduction op over ``size`` elements."""
+    return size * (model.transcendental if op in _TRANSCENDENTAL else 1.0)
+
+
+def _matmul_rate(m: int, n: int, model: CpuModel) -> float:
+    # skinny tiles cannot fill a register block (about 8 rows x 32 columns on AVX-512)
+    return model.matmul_flops * min(1.0, m / 8) ** 0.5 * min(1.0, n / 32) ** 0.5
+
+
+def _op_cost(graph: KernelGraph, node: Node, model: CpuModel) -> KernelCost:
+    ins = [graph.types[i] for i in node.ins]
+    outs = [graph.types[o] for o in node.outs]
+    nbytes = float(sum(t.nbytes for t in ins) + sum(t.nbytes for t in outs))
+    if node.op is Op.MATMUL:
+        a, b = ins
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        flops = 2.0 * outs[0].size // n * n * k
+        compute = flops / (model.cores * _matmul_rate(m, n, model))
+    else:
+        flops = _elem_cost(node.op, max(t.size for t in ins + outs), model)
+        compute = flops / (model.cores * model.vector_elems)
+    t = model.launch_s + max(nbytes / model.mem_bytes_per_s, compute)
+    return KernelCost(node.op.value, t, nbytes, flops)
+
+
+def _node_flops(block: BlockGraph, node: Node, model: CpuModel) -> tuple[float, float]:
+    """(flops, seconds on one core) of one block node on its tiles, for one execution."""
+    types = block.types
+    if node.op is Op.MATMUL:
+        a, b = types[node.ins[0]], types[node.ins[1]]
+        out = types[node.outs[0]]
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        flops = 2.0 * (out.size // n) * n * k
+        return flops, flops / _matmul_rate(m, n, model)
+    if node.op is Op.THREAD:
+        inner = node.attr("graph")
+        size = types[node.outs[0]].size
+        ops = [n.op for n in inner.nodes if n.op in ELEMENTWISE]
+        work = sum(_elem_cost(op, size, model) for op in ops)
+        return float(len(ops) * size), work / model.vector_elems
+    if node.op in ELEMENTWISE or node.op in REDUCTIONS or node.op in ACCUMULATORS:
+        size = max(types[i].size for i in node.ins)
+        work = _elem_cost(node.op, size, model)
+        return float(size), work / model.vector_elems
+    return 0.0, 0.0
+
+
+def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "graph_def"
+               ) -> KernelCost:  # fmt: skip
+    """The estimate for one graph-defined kernel (see the module docstring)."""
+    phases = block.phases()
+    R, blocks = block.forloop_range, block.num_blocks
+    read = copied = 0.0
+    for n in block.nodes_of(Op.INPUT_ITER):
+        tile = block.types[n.outs[0]].nbytes
+        loops = R if n.attr("fdim") != -1 else 1
+        per_block = tile * loops
+        total = per_block * blocks
+        copied += total
+        unique = block.arg_types[n.attr("arg")].nbytes
+        rereads = max(0.0, total - unique)
+        factor = model.llc_reread if unique <= model.llc_bytes else 1.0
+        read += min(total, unique) + rereads * factor
+    written = float(sum(t.nbytes for t in block.output_types))
+    flops = seconds = 0.0
+    inter = 0.0  # bytes of intermediates produced per block (all iterations)
+    for node in block.nodes:
+        if node.op in (Op.INPUT_ITER, Op.OUTPUT_SAVER):
+            continue
+        times = R if phases[node.outs[0]] is Phase.BODY else 1
+        f, s = _node_flops(block, node, model)
+        flops += f * times * blocks
+        seconds += s * times * blocks
+        inter += block.types[node.outs[0]].nbytes * times
+    ws = working_set(block)
+    extra_memory = 0.0
+    if ws > model.l2_bytes:  # tile copies and intermediates go out to memory and back
+        extra_memory = 2.0 * (copied + inter * blocks)
+        spill = 0.0
+    elif ws > model.l1_bytes:
+        spill = (copied + inter * blocks) / (model.l2_bytes_per_s * model.cores)
+    else:
+        spill = 0.0
+    waves = math.ceil(blocks / model.cores)
+    efficiency = blocks / (waves * model.cores)
+    compute = seconds / model.cores / efficiency + spill
+    memory = (read + written + extra_memory) / model.mem_bytes_per_s
+    overhead = (blocks * model.block_s + blocks * R * model.iteration_s) / model.cores
+    t = model.launch_s + max(memory, compute) + overhead
+    return KernelCost(what, t, read + written + extra_memory, flops, blocks, ws, 1.0 - efficiency)
+
+
+def working_set(block: BlockGraph) -> int:
+    """Bytes of the tiles one block holds at once: every non-fused value of the block."""
+    total = 0
+    for node in block.nodes:
+        if node.op is Op.OUTPUT_SAVER:
+            continue
+        for o in node.outs:
+            total += block.types[o].nbytes
+    return total
+
+
+
+__all__ = ["DEFAULT_MODEL", "CpuCost", "CpuModel", "KernelCost", "block_cost", "estimate",
+           "working_set"]  # fmt: skip

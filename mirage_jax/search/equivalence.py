@@ -1,0 +1,400 @@
+"""Probabilistic equivalence of a candidate μGraph and the target: finite field, then floats.
+
+**Finite-field fingerprints.** Candidate and target are evaluated on ``trials`` independent
+random inputs in Z_p x Z_q (``mirage_jax.interpret``: p = 2147483579, q = 1073741789,
+q | p - 1, exp(a) = omega^a with omega of order q, so exp(a+b) = exp(a) exp(b) holds exactly;
+division by modular inverses; sqrt, log, erf and max are fixed uninterpreted functions shared
+by both graphs). Inputs depend only on (input types, seed, trial), so every candidate of one
+target sees the same inputs and the target's outputs are computed once per trial.
+
+False-acceptance bound. If candidate and target differ as functions, their outputs differ as
+rational functions of the inputs (and of the values of the uninterpreted functions, which act
+as extra variables, and of exp's exponents, which are checked mod q); after clearing
+denominators the difference is a nonzero polynomial of total degree at most D, computed by
+``degree_bound`` from both graphs. By Schwartz-Zippel one trial accepts it with probability at
+most D / q (q < p is the smaller field), and ``trials`` independent trials with probability at
+most (D / q) ** trials. For the suite D is below 10^3, so with 3 trials the bound is below
+10^-18 per candidate (``false_acceptance_bound`` gives the exact figure for each search).
+Caveats, stated honestly: ``degree_bound`` assumes a sum of rational terms along one axis
+shares one denominator (true of the normalisations and softmax here; otherwise the bound grows
+with the axis length), an uninterpreted function's inputs may collide (about 1/q per pair),
+and max comparisons make the bound hold per branch of the comparisons rather than globally.
+
+**Incremental fingerprints.** Kernel-level values are cached by their structural key (the op,
+its attributes and the keys of its operands), so candidates that share a prefix of
+pre-defined kernels (a reshape, a normalisation) evaluate it once per trial and process;
+``ff_evaluate_values(..., known=...)`` takes the cached values.
+
+**Float check.** Survivors run on realistic inputs (standard normal; a gain-like operand of
+shape [1, n] or [n] is drawn near 1) in their own dtypes against the target evaluated in
+float64. Accepted when the largest error is within ``FLOAT_TOLERANCE[dtype]`` times the
+output's scale (its largest magnitude): the field cannot see overflow or cancellation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mirage_jax.ir.graph import Graph, KernelGraph, Node, ThreadGraph
+from mirage_jax.ir.ops import Op
+from mirage_jax.ir.types import TensorType
+
+FLOAT_TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-9}
+
+# per process: the inputs of recent trials, and prefix values (bounded)
+_INPUT_BYTES = 2 * 1024**3
+_VALUE_BYTES = 768 * 1024**2
+
+
+@dataclass(frozen=True)
+class FFSpec:
+    """How candidates are fingerprinted: the field, the input seed and the number of trials."""
+
+    seed: int = 0
+    trials: int = 3
+    p: int = 2147483579
+    q: int = 1073741789
+    omega: int = 4
+
+    @property
+    def field(self) -> Any:
+        from mirage_jax.interpret import Field
+
+        return Field(self.p, self.q, self.omega, self.seed)
+
+
+@dataclass(frozen=True)
+class FFVerdict:
+    ok: bool
+    trials: int  # trials run (stops at the first mismatch)
+    seconds: float
+    error: str | None = None  # an evaluation error (the candidate is rejected)
+
+
+@dataclass(frozen=True)
+class FloatVerdict:
+    ok: bool
+    max_error: float
+    tolerance: float
+    scale: float
+    seconds: float
+
+    def __str__(self) -> str:
+        return (f"max error {self.max_error:.3g} vs tolerance {self.tolerance:.3g} "
+                f"(scale {self.scale:.3g})")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# degree bound
+
+
+def degree_bound(graph: Graph) -> int:
+    """A bound on the total degree of the numerator + denominator of any output of ``graph``
+    as a rational function (uninterpreted functions and exps counted as fresh variables, and
+    exponents by their own degree): the D of the module docstring for one graph."""
+    degs, worst = _degrees(graph, None)
+    return max([worst] + [sum(degs[n.ins[0]]) for n in graph.outputs])
+
+
+def pair_degree_bound(target: Graph, candidate: Graph) -> int:
+    """D for the difference of a candidate's and the target's outputs."""
+    a, wa = _degrees(target, None)
+    b, wb = _degrees(candidate, None)
+    d = max(wa, wb, 1)
+    for na, nb in zip(target.outputs, candidate.outputs):
+        (n1, d1), (n2, d2) = a[na.ins[0]], b[nb.ins[0]]
+        d = max(d, n1 + d2, n2 + d1, d1 + d2)
+    return d
+
+
+def false_acceptance_bound(degree: int, spec: FFSpec) -> float:
+    """(D / q) ** trials: the probability that a wrong candidate of degree D passes."""
+    return min(1.0, degree / spec.q) ** spec.trials
+
+
+_FRESH = (1, 0)
+
+
+def _add(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return (max(a[0] + b[1], b[0] + a[1]), a[1] + b[1])
+
+
+def _degrees(graph: Graph, args: Sequence[tuple[int, int]] | None) -> tuple[dict, int]:
+    """(numerator, denominator) degree per value, and the largest exponent degree seen."""
+    degs: dict[int, tuple[int, int]] = {}
+    worst = 0
+    inputs = iter(args or ())
+    for node in graph.nodes:
+        ins = [degs[i] for i in node.ins]
+        if node.op is Op.INPUT:
+            degs[node.outs[0]] = next(inputs, (1, 0)) if args is not None else (1, 0)
+        elif node.op is Op.INPUT_ITER:
+            degs[node.outs[0]] = args[node.attr("arg")] if args is not None else (1, 0)
+        elif node.op is Op.GRAPH_DEF:
+            inner, w = _degrees(node.attr("block"), ins)
+            worst = max(worst, w)
+            block = node.attr("block")
+            for o, saver in zip(node.outs, block.outputs):
+                degs[o] = inner[saver.ins[0]]
+        elif node.op is Op.THREAD:
+            inner_graph: ThreadGraph = node.attr("graph")
+            inner, w = _degrees(inner_graph, ins)
+            worst = max(worst, w)
+            degs[node.outs[0]] = inner[inner_graph.outputs[0].ins[0]]
+        elif node.outs:
+            out, w = _node_degree(node, ins)
+            worst = max(worst, w)
+            degs[node.outs[0]] = out
+    return degs, worst
+
+
+def _node_degree(node: Node, ins: list[tuple[int, int]]) -> tuple[tuple[int, int], int]:
+    op = node.op
+    x = ins[0] if ins else (0, 0)
+    if op in (Op.EXP, Op.SIGMOID, Op.SILU, Op.TANH, Op.GELU):
+        w = x[0] + x[1]  # the exponent polynomial, checked mod q
+        if op is Op.EXP:
+            return _FRESH, w
+        if op is Op.SIGMOID:
+            return (0, 1), w
+        if op is Op.SILU:
+            return (x[0], x[1] + 1), w
+        if op is Op.TANH:
+            return (1, 1), w
+        return (x[0] + 1, x[1] + 1), w  # gelu: 0.5 x (1 + tanh(...))
+    if op in (Op.SQRT, Op.LOG, Op.ERF, Op.MAX, Op.RELU, Op.REDUCE_MAX, Op.REDUCE_RMS,
+              Op.ACC_MAX, Op.ACC_RMS):  # fmt: skip
+        return _FRESH, 0
+    if op is Op.RSQRT:
+        return (0, 1), 0
+    if op in (Op.RECIPROCAL,):
+        return (x[1], x[0]), 0
+    if op is Op.SQUARE:
+        return (2 * x[0], 2 * x[1]), 0
+    if op is Op.POW_SCALAR:
+        e = node.attr("exponent")
+        if float(e).is_integer():
+            k = abs(int(e))
+            n, d = k * x[0], k * x[1]
+            return ((d, n) if e < 0 else (n, d)), 0
+        return _FRESH, 0
+    if op in (Op.ADD, Op.SUB):
+        return _add(ins[0], ins[1]), 0
+    if op is Op.MUL:
+        return (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]), 0
+    if op is Op.DIV:
+        return (ins[0][0] + ins[1][1], ins[0][1] + ins[1][0]), 0
+    if op is Op.MATMUL:
+        # a sum of products: denominators along k assumed shared (module docstring)
+        return (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]), 0
+    if op is Op.ADD_SCALAR:
+        return (max(x[0], x[1]), x[1]), 0
+    if op is Op.ACC_RESCALE_SUM:
+        return (ins[0][0] + 1, ins[0][1]), ins[1][0] + ins[1][1]
+    if op is Op.CONCAT:
+        return (max(ins[0][0], ins[1][0]), max(ins[0][1], ins[1][1])), 0
+    # neg, mul_scalar, reduce_sum/mean, acc_sum/mean, layout ops: degree unchanged
+    return x, 0
+
+
+# ---------------------------------------------------------------------------------------------
+# finite-field fingerprints (cached per process)
+
+
+class _LRU:
+    def __init__(self, limit: int) -> None:
+        self.limit, self.size = limit, 0
+        self.items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        hit = self.items.get(key)
+        if hit is None:
+            return None
+        self.items.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: Any, value: Any, nbytes: int) -> None:
+        if key in self.items or nbytes > self.limit:
+            return
+        self.items[key] = (value, nbytes)
+        self.size += nbytes
+        while self.size > self.limit:
+            _, (_, n) = self.items.popitem(last=False)
+            self.size -= n
+
+
+_INPUTS = _LRU(_INPUT_BYTES)
+_VALUES = _LRU(_VALUE_BYTES)
+
+
+def _nbytes(t: Any) -> int:
+    return t.a.nbytes + (0 if t.b is None else t.b.nbytes)
+
+
+def ff_inputs(types: Sequence[TensorType], spec: FFSpec, trial: int) -> list[Any]:
+    """The field inputs of one trial (a function of types, seed and trial; cached)."""
+    from mirage_jax.interpret.finite_field import fingerprint_inputs
+
+    key = (tuple(types), spec, trial)
+    hit = _INPUTS.get(key)
+    if hit is None:
+        hit = fingerprint_inputs(list(types), spec.field, spec.seed, trial)
+        _INPUTS.put(key, hit, sum(_nbytes(t) for t in hit))
+    return hit
+
+
+def value_keys(graph: KernelGraph) -> dict[int, Any]:
+    """A structural key per kernel value: equal keys compute equal tensors."""
+    keys: dict[int, Any] = {}
+    k = 0
+    for node in graph.nodes:
+        if node.op is Op.INPUT:
+            keys[node.outs[0]] = ("in", k, graph.types[node.outs[0]])
+            k += 1
+        elif node.op is Op.OUTPUT:
+            continue
+        else:
+            attrs = tuple(
+                (name, v.fingerprint() if isinstance(v, Graph) else v) for name, v in node.attrs
+            )  # fmt: skip
+            base = (node.op, attrs, tuple(keys[i] for i in node.ins))
+            digest = hashlib.sha1(repr(base).encode()).hexdigest()
+            for j, o in enumerate(node.outs):
+                keys[o] = ("v", digest, j)
+    return keys
+
+
+def ff_outputs(graph: KernelGraph, spec: FFSpec, trial: int) -> list[Any]:
+    """The candidate's outputs on one trial, reusing cached values of shared prefixes."""
+    from mirage_jax.interpret import ff_evaluate_values
+
+    inputs = ff_inputs(graph.input_types, spec, trial)
+    keys = value_keys(graph)
+    known = {}
+    for v, key in keys.items():
+        if key[0] == "in":
+            continue
+        hit = _VALUES.get((trial, spec, key))
+        if hit is not None:
+            known[v] = hit
+    values = ff_evaluate_values(graph, inputs, spec.field, known=known)
+    produced_by_gd = {o for n in graph.nodes_of(Op.GRAPH_DEF) for o in n.outs}
+    for v, key in keys.items():
+        if key[0] != "in" and v not in known and v not in produced_by_gd:
+            _VALUES.put((trial, spec, key), values[v], _nbytes(values[v]))
+    return [values[n.ins[0]] for n in graph.outputs]
+
+
+def _digest(outputs: Sequence[Any]) -> str:
+    from mirage_jax.interpret.finite_field import hash_outputs
+
+    h = hashlib.sha256()
+    hash_outputs(outputs, h)
+    return h.hexdigest()
+
+
+_TARGETS: dict[Any, str] = {}
+
+
+def target_digest(target: KernelGraph, spec: FFSpec, trial: int) -> str:
+    key = (target.fingerprint(), spec, trial)
+    if key not in _TARGETS:
+        _TARGETS[key] = _digest(ff_outputs(target, spec, trial))
+    return _TARGETS[key]
+
+
+def ff_check(target: KernelGraph, candidate: KernelGraph, spec: FFSpec) -> FFVerdict:
+    """Does ``candidate`` match ``target`` on every trial? Stops at the first mismatch."""
+    return ff_check_many(target, [candidate], spec)[0]
+
+
+def ff_check_many(
+    target: KernelGraph, candidates: Sequence[KernelGraph], spec: FFSpec
+) -> list[FFVerdict]:
+    """``ff_check`` for several candidates, trial by trial, so each trial's inputs (the
+    largest cost at real shapes) are drawn once for all of them."""
+    start = time.perf_counter()
+    verdicts: list[FFVerdict | None] = [None] * len(candidates)
+    for k, c in enumerate(candidates):
+        if c.input_types != target.input_types or c.output_types != target.output_types:
+            verdicts[k] = FFVerdict(False, 0, 0.0, "input or output types differ from the target's")
+    for trial in range(spec.trials):
+        for k, c in enumerate(candidates):
+            if verdicts[k] is not None:
+                continue
+            try:
+                got = _digest(ff_outputs(c, spec, trial))
+            except (ArithmeticError, ValueError, IndexError) as err:  # pragma: no cover
+                verdicts[k] = FFVerdict(False, trial + 1, time.perf_counter() - start, repr(err))
+                continue
+            if got != target_digest(target, spec, trial):
+                verdicts[k] = FFVerdict(False, trial + 1, time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    return [v if v is not None else FFVerdict(True, spec.trials, elapsed) for v in verdicts]
+
+
+# ---------------------------------------------------------------------------------------------
+# float check
+
+
+def realistic_inputs(types: Sequence[TensorType], seed: int = 0) -> list[np.ndarray]:
+    """Standard normal inputs in each input's dtype; vectors and [1, n] rows (gains) near 1."""
+    rng = np.random.default_rng([seed, 0xF10A7])
+    out = []
+    for t in types:
+        x = rng.standard_normal(t.shape)
+        if t.rank == 1 or (t.rank >= 2 and all(s == 1 for s in t.shape[:-1])):
+            x = 1.0 + 0.1 * x
+        out.append(x.astype(t.dtype.numpy))
+    return out
+
+
+_REFS: dict[Any, list[np.ndarray]] = {}
+
+
+def float_reference(target: KernelGraph, seed: int) -> list[np.ndarray]:
+    from mirage_jax.interpret import evaluate
+
+    key = (target.fingerprint(), seed)
+    if key not in _REFS:
+        _REFS.clear()  # one target at a time per process
+        inputs = realistic_inputs(target.input_types, seed)
+        _REFS[key] = [np.asarray(r, np.float64) for r in
+                      evaluate(target, inputs, precision="float64")]  # fmt: skip
+    return _REFS[key]
+
+
+def float_check(target: KernelGraph, candidate: KernelGraph, seed: int = 0) -> FloatVerdict:
+    """The candidate in its own dtypes against the float64 target (module docstring)."""
+    from mirage_jax.interpret import evaluate
+
+    start = time.perf_counter()
+    ref = float_reference(target, seed)
+    got = evaluate(candidate, realistic_inputs(candidate.input_types, seed))
+    worst_ok, worst = True, (0.0, 1.0, 1.0)
+    for g, r, t in zip(got, ref, candidate.output_types):
+        g64 = np.asarray(g, np.float64)
+        scale = float(np.max(np.abs(r))) if r.size else 1.0
+        scale = scale if scale > 0 and np.isfinite(scale) else 1.0
+        err = float(np.max(np.abs(g64 - r))) if r.size else 0.0
+        tol = FLOAT_TOLERANCE.get(t.dtype.value, 2e-4) * scale
+        ok = bool(np.isfinite(err)) and err <= tol
+        if not ok or err / tol >= worst[0] / worst[1]:
+            worst = (err, tol, scale)
+        worst_ok &= ok
+    return FloatVerdict(worst_ok, worst[0], worst[1], worst[2], time.perf_counter() - start)
+
+
+__all__ = [
+    "FLOAT_TOLERANCE", "FFSpec", "FFVerdict", "FloatVerdict", "degree_bound", "ff_check",
+    "ff_check_many",
+    "ff_inputs", "ff_outputs", "false_acceptance_bound", "float_check", "pair_degree_bound",
+    "realistic_inputs", "target_digest", "value_keys",
+]  # fmt: skip
