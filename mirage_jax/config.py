@@ -77,6 +77,7 @@ class SearchConfig:
     # budgets
     time_budget_s: float = 60.0
     max_states: int = 400_000  # per enumeration task: a deterministic bound
+    max_tasks: int | None = None  # block enumeration tasks run, in priority order (None: all)
     saturation_iterations: int = 64
     saturation_node_limit: int = 200_000
     saturation_time_s: float = 30.0
@@ -84,7 +85,7 @@ class SearchConfig:
     # verification
     seed: int = 0
     trials: int = 3
-    max_verify: int = 4
+    max_verify: int = 3
     max_skeletons_ranked: int = 24  # skeletons whose every tiling is ranked (others: one)
     float_check: bool = True
     # ranking

@@ -16,12 +16,13 @@ Per graph-defined kernel:
   SIMD registers), elementwise ops and reductions at the vector rate (transcendentals cost
   ``transcendental`` element operations), accumulator updates, all times the iterations;
 - working set: the live tiles of one block (operand tiles, intermediates, accumulators). The
-  emitter copies every operand tile into a local buffer; past L1 those copies and the
-  intermediates are streamed through L2, past L2 through memory (written and read back);
+  emitter copies every operand tile into a local buffer: while the working set fits in L2
+  the copy overlaps the read it comes from, and only intermediates are streamed through L2
+  (past L1); past L2 copies and intermediates go to memory and back;
 - parallelism: blocks are spread over the cores in waves; the last wave may leave cores idle
   (``imbalance``), and every block and every iteration pays a small scheduling overhead.
 
-time = launch + max(memory time, compute time / efficiency) + overheads. Kernel-level
+time = launch + max(memory time, compute time / efficiency) + spill time + overheads. Kernel-level
 (pre-defined) ops are simple streaming kernels over whole tensors. The constants default to
 the machine this project was measured on (2 cores, ~30 GB/s, L1 48 KiB, L2 1 MiB per core,
 L3 32 MiB); they order candidates, the timing step decides.
@@ -188,17 +189,18 @@ def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "
     extra_memory = 0.0
     if ws > model.l2_bytes:  # tile copies and intermediates go out to memory and back
         extra_memory = 2.0 * (copied + inter * blocks)
-        spill = 0.0
-    elif ws > model.l1_bytes:
-        spill = (copied + inter * blocks) / (model.l2_bytes_per_s * model.cores)
+        spill = extra_memory / model.mem_bytes_per_s
+    elif ws > model.l1_bytes:  # copies stay in L2 and overlap the reads; intermediates do not
+        spill = inter * blocks / (model.l2_bytes_per_s * model.cores)
     else:
         spill = 0.0
     waves = math.ceil(blocks / model.cores)
     efficiency = blocks / (waves * model.cores)
-    compute = seconds / model.cores / efficiency + spill
-    memory = (read + written + extra_memory) / model.mem_bytes_per_s
+    compute = seconds / model.cores / efficiency
+    memory = (read + written) / model.mem_bytes_per_s
     overhead = (blocks * model.block_s + blocks * R * model.iteration_s) / model.cores
-    t = model.launch_s + max(memory, compute) + overhead
+    # spills stall the cores whether the kernel is bound by memory or by compute
+    t = model.launch_s + max(memory, compute) + spill + overhead
     return KernelCost(what, t, read + written + extra_memory, flops, blocks, ws, 1.0 - efficiency)
 
 

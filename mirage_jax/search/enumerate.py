@@ -79,6 +79,7 @@ class Counters:
     pruned_dead: int = 0  # dropped: could not use every tensor within the op bound
     pruned_index: int = 0  # dropped: aligns index classes the target keeps apart
     pruned_duplicate: int = 0  # dropped: recomputes an existing tensor or a constant
+    pruned_numeric: int = 0  # dropped: an exp of an unshifted value (see shifted_exps)
     complete: int = 0  # complete skeletons found
     truncated: bool = False  # stopped by max_states or the deadline
 
@@ -89,6 +90,7 @@ class Counters:
         self.pruned_dead += other.pruned_dead
         self.pruned_index += other.pruned_index
         self.pruned_duplicate += other.pruned_duplicate
+        self.pruned_numeric += other.pruned_numeric
         self.complete += other.complete
         self.truncated |= other.truncated
 
@@ -240,6 +242,42 @@ def zlib_crc(text: str) -> int:
     import zlib
 
     return zlib.crc32(text.encode())
+
+
+# ---------------------------------------------------------------------------------------------
+# numerical safety of exp
+
+
+def is_max_shifted(term: Any) -> bool:
+    """Is ``term`` of the form ``x - max(x)`` (bounded above by 0, so its exp cannot overflow)?
+
+    The field sees ``exp(s) / exp(max s)`` and ``exp(s - max s)`` as equal (they are); floats
+    do not. When every exp of the target is max-shifted, the enumeration only allows exps of
+    max-shifted values, rather than finding and then float-rejecting the unshifted forms.
+    A tile's max, the loop's max and the row max share one abstract term (``rmax``), so the
+    online-softmax ``exp(s_tile - max_tile)`` passes."""
+    if term.head != "add":
+        return False
+    for k, a in enumerate(term.args):
+        if (a.head == "mul" and len(a.args) == 2 and a.args[0].head == "rmax"
+                and a.args[1].head == "const" and a.args[1].param == -1):  # fmt: skip
+            rest = term.args[:k] + term.args[k + 1 :]
+            inner = a.args[0].args[0]
+            if len(rest) == 1 and rest[0] == inner:
+                return True
+            if len(rest) > 1 and inner.head == "add" and tuple(sorted(rest, key=str)) == tuple(
+                sorted(inner.args, key=str)
+            ):
+                return True
+    return False
+
+
+def shifted_exps(target: KernelGraph) -> bool:
+    """True when the target has exps and every one of them takes a max-shifted value."""
+    ab = _abstract()
+    terms = ab.kernel_terms(target)
+    exps = target.nodes_of(Op.EXP)
+    return bool(exps) and all(is_max_shifted(terms[n.ins[0]]) for n in exps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,6 +591,8 @@ def _accumulate(op, attrs, infos, shapes, out_shape, unify, event, loop_class) -
     ):
         raise _Conflict  # a per-tile max shift summed without rescaling
     if op is Op.ACC_RESCALE_SUM:
+        if loop_class is not None and loop_class not in infos[1].maxpend:
+            raise _Conflict  # the rescale operand must be the tile's share of the loop max
         labels = _elementwise_labels(infos, shapes, out_shape, unify)
         info = IndexInfo(labels, x.carry, x.pending)
     else:
@@ -697,6 +737,7 @@ class BlockTask:
     events: frozenset[Any] = frozenset()
     loop_class: Any = None  # the index class of the loop-split dims
     seeds: tuple[Macro, ...] = ()  # target fragments applied before the op-by-op search
+    shifted_exp: bool = False  # every exp must take a max-shifted value (see shifted_exps)
 
     @property
     def label(self) -> str:
@@ -1007,6 +1048,10 @@ class BlockDFS:
                                         body=st in (1, 2))  # fmt: skip
             except _Conflict:
                 return "pruned_index"
+        if op is Op.EXP and self.task.shifted_exp and not is_max_shifted(self.terms[ins[0]]):
+            return "pruned_numeric"
+        if op is Op.ACC_RESCALE_SUM and self.prune and self.terms[ins[1]].head != "rmax":
+            return "pruned_index"  # the rescale operand must be a max (online softmax)
         t = self._tt.get((shape, dtype))
         if t is None:
             t = self._tt[(shape, dtype)] = TensorType(shape, dtype)
@@ -1541,6 +1586,7 @@ class KernelDFS:
             self.index = None
         self.labels: list[Any] = list(self.index.inputs) if self.index is not None else []
         self.checker = self.index.checker() if self.index is not None else None
+        self.shifted = self.prune and shifted_exps(target)
 
     def run(self) -> KernelEnumeration:
         try:
@@ -1563,6 +1609,9 @@ class KernelDFS:
                                   [self.types[i] for i in ins], [t])[0]  # fmt: skip
             if self.prune and not self.oracle.contains(term):
                 c.pruned_abstract += 1
+                continue
+            if op is Op.EXP and self.shifted and not is_max_shifted(self.terms[ins[0]]):
+                c.pruned_numeric += 1
                 continue
             self.types.append(t)
             self.terms.append(term)

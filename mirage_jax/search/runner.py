@@ -13,9 +13,10 @@ The pipeline, top to bottom (each stage timed and counted in the ``SearchReport`
    module-level) until they are exhausted or the enumeration share of the time budget ends;
 4. instantiate every distinct skeleton at every concrete tiling, rank the candidates with the
    analytic CPU cost model (``cost``), fuse elementwise chains into thread graphs by rule;
-5. verify in rank order: finite-field fingerprints (``equivalence.ff_check``; a skeleton that
-   fails once is skipped at its other tilings), then the float check, until ``max_verify``
-   candidates are verified;
+5. verify in rank order until ``max_verify`` candidates are verified: the float check against
+   the float64 target on wide random inputs (cheap at real shapes, and it catches what the
+   field cannot: overflow, cancellation), then finite-field fingerprints
+   (``equivalence.ff_check_many``); a skeleton rejected once is skipped at its other tilings;
 6. time the best ``top_k_timed`` verified candidates for real (``timer``; by default: compile
    for the CPU and take medians) and keep the winner only if it beats the ``baseline`` (e.g.
    ``jax.jit`` of the same region, measured in the same process); without a baseline the
@@ -29,7 +30,9 @@ result unless a *time* budget cuts the enumeration (``max_states`` is the determ
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import logging
+import math
 import multiprocessing
 import time
 from collections.abc import Callable, Sequence
@@ -52,11 +55,14 @@ from mirage_jax.search.equivalence import (
     ff_check_many,
     float_check,
     pair_degree_bound,
+    target_digest,
 )
 
 log = logging.getLogger("mirage_jax.search")
 
-ENUMERATION_SHARE = 0.5  # of the time budget; the rest is for verification and timing
+# shares of the time budget: enumeration ends at 45%, ranking at 55%, verification at 85%
+# (once one candidate is verified); timing the best few takes the rest
+ENUMERATION_SHARE, RANKING_SHARE, VERIFY_SHARE = 0.45, 0.55, 0.85
 
 
 class Timer(Protocol):
@@ -95,6 +101,7 @@ class SearchReport:
     pruned_index: int = 0  # by the index analysis
     pruned_duplicate: int = 0
     pruned_dead: int = 0
+    pruned_numeric: int = 0  # exps of unshifted values (numerically unsafe)
     sites: int = 0
     tasks: int = 0
     tasks_run: int = 0
@@ -132,7 +139,8 @@ class SearchReport:
             f"search of {self.target}: {self.stop_reason} after {self.total_s:.1f}s",
             f"  enumerated {self.states} states ({self.proposed} ops proposed); pruned: "
             f"{self.pruned_abstract} abstract, {self.pruned_index} index, "
-            f"{self.pruned_duplicate} duplicate, {self.pruned_dead} dead-end",
+            f"{self.pruned_duplicate} duplicate, {self.pruned_dead} dead-end, "
+            f"{self.pruned_numeric} unsafe exp",
             f"  {self.sites} graph_def sites, {self.tasks_run}/{self.tasks} block tasks run "
             f"({self.tasks_truncated} cut by a budget), {self.skeletons} skeletons, "
             f"{self.candidates} candidates",
@@ -223,17 +231,28 @@ def block_worker(target_text: str, config: SearchConfig, task: en.BlockTask,
     return en.run_block_task(task, space, oracle, deadline)
 
 
+def target_digest_worker(target_text: str, spec: FFSpec, trial: int) -> str:
+    """The target's fingerprint on one trial (computed once per search, in any process)."""
+    return target_digest(_parse_cached(target_text), spec, trial)  # type: ignore[arg-type]
+
+
 def verify_worker(target_text: str, candidate_texts: Sequence[str], spec: FFSpec,
-                  float_seed: int | None) -> list[tuple[FFVerdict, FloatVerdict | None]]:  # fmt: skip
-    """Finite-field checks of a batch (trial by trial), then the float check of those that
-    passed (when ``float_seed`` is given)."""
+                  float_seed: int | None, target_digests: Sequence[str] | None = None,
+                  ) -> list[tuple[FFVerdict, FloatVerdict | None]]:  # fmt: skip
+    """Verify a batch: the float check (when ``float_seed`` is given; at real shapes it is
+    the cheaper check, so it runs first), then finite-field fingerprints of the survivors,
+    trial by trial. A candidate rejected by the float check has ``FFVerdict.trials == 0``."""
     target = _parse_cached(target_text)
     cands = [parse(t) for t in candidate_texts]
-    ffs = ff_check_many(target, cands, spec)  # type: ignore[arg-type]
-    out = []
-    for cand, ff in zip(cands, ffs):
-        fl = float_check(target, cand, float_seed) if ff.ok and float_seed is not None else None  # type: ignore[arg-type]
-        out.append((ff, fl))
+    floats = [float_check(target, c, float_seed) if float_seed is not None else None  # type: ignore[arg-type]
+              for c in cands]  # fmt: skip
+    alive = [k for k, f in enumerate(floats) if f is None or f.ok]
+    ffs = ff_check_many(target, [cands[k] for k in alive], spec, target_digests)  # type: ignore[arg-type]
+    out: list[tuple[FFVerdict, FloatVerdict | None]] = [
+        (FFVerdict(False, 0, 0.0, "rejected by the float check"), f) for f in floats
+    ]  # fmt: skip
+    for k, ff in zip(alive, ffs):
+        out[k] = (ff, floats[k])
     return out
 
 
@@ -310,6 +329,12 @@ class _Search:
         kernel = en.KernelDFS(self.target, space, oracle).run()
         self._count(kernel.counters)
         t = self._stage("kernel", t)
+        # the target's fingerprints are needed by every verification: start them now, beside
+        # the enumeration (one trial per task)
+        self._digest_futures = (
+            [self.executor.submit(target_digest_worker, self.text, self.spec, trial)
+             for trial in range(self.spec.trials)] if self.config.max_graph_defs else []
+        )  # fmt: skip
         skeletons = self._enumerate_blocks(space, oracle, kernel.sites)
         t = self._stage("block", t)
         ranked = self._instantiate(space, kernel, skeletons)
@@ -330,6 +355,7 @@ class _Search:
         r.pruned_index += c.pruned_index
         r.pruned_duplicate += c.pruned_duplicate
         r.pruned_dead += c.pruned_dead
+        r.pruned_numeric += c.pruned_numeric
 
     # -- block level ---------------------------------------------------------------------
     def _tasks(self, space: SearchSpace, oracle: Any, sites: Sequence[en.Site]
@@ -339,6 +365,7 @@ class _Search:
         if index is not None and not index.enabled:
             index = None
         extents = en.reduce_extents(self.target)
+        shifted = cfg.prune and en.shifted_exps(self.target)
         seen: set[Any] = set()
         out = []
         for rank, site in enumerate(sites):
@@ -360,9 +387,9 @@ class _Search:
                         priority=0, arg_index=arg_index,
                         out_index=tuple(index.outputs) if index is not None else None,
                         events=index.events if index is not None else frozenset(),
-                        loop_class=loop_class, seeds=seeded,
+                        loop_class=loop_class, seeds=seeded, shifted_exp=shifted,
                     )  # fmt: skip
-                    order = (site_cost, prio, 0 if seeded else 1, rank)
+                    order = (site_cost, 0 if seeded else 1, prio, rank)
                     out.append((order, site, task))
         out.sort(key=lambda x: x[0])
         self.report.sites = len(seen)
@@ -375,24 +402,39 @@ class _Search:
             return []
         tasks = self._tasks(space, oracle, sites)
         self.report.tasks = len(tasks)
+        capped = cfg.max_tasks is not None and cfg.max_tasks < len(tasks)
+        if capped:
+            tasks = tasks[: cfg.max_tasks]
         deadline = self.start + cfg.time_budget_s * ENUMERATION_SHARE
-        futures = [self.executor.submit(block_worker, self.text, cfg, task, deadline)
-                   for _, task in tasks]  # fmt: skip
-        results: list[en.BlockResult | None] = [None] * len(futures)
-        index = {f: k for k, f in enumerate(futures)}
-        bar = _progress(cfg, len(futures), "enumerate")
+        results: list[en.BlockResult | None] = [None] * len(tasks)
+        # a window of tasks in flight, refilled in priority order until the deadline: tasks
+        # past it are never sent (sending thousands of no-op tasks costs seconds)
+        window = max(2, 4 * max(1, cfg.workers))
+        pending: dict[cf.Future, int] = {}
+        nxt = 0
+        bar = _progress(cfg, len(tasks), "enumerate")
         try:
-            for fut in cf.as_completed(futures):
-                results[index[fut]] = fut.result()
-                if bar is not None:
-                    bar.update(1)
+            while nxt < len(tasks) or pending:
+                while nxt < len(tasks) and len(pending) < window and time.time() < deadline:
+                    fut = self.executor.submit(block_worker, self.text, cfg, tasks[nxt][1],
+                                               deadline)  # fmt: skip
+                    pending[fut] = nxt
+                    nxt += 1
+                if not pending:
+                    break
+                done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    results[pending.pop(fut)] = fut.result()
+                    if bar is not None:
+                        bar.update(1)
         finally:
             if bar is not None:
                 bar.close()
         found: list[tuple[en.Site, en.Skeleton]] = []
         seen: set[Any] = set()
         for (site, task), res in zip(tasks, results):
-            assert res is not None
+            if res is None:  # never sent: the time budget ended first
+                continue
             self._count(res.counters)
             if res.counters.states:
                 self.report.tasks_run += 1
@@ -405,8 +447,13 @@ class _Search:
                     found.append((site, en.Skeleton(canon, skel.fdims)))
             log.debug("task %s: %s", task.label, res.counters)
         self.report.skeletons = len(found)
-        if self.report.tasks_truncated or self.report.tasks_run < len(tasks):
-            self.report.stop_reason = "time budget" if time.time() > deadline else "state budget"
+        if time.time() > deadline and (self.report.tasks_truncated
+                                       or self.report.tasks_run < len(tasks)):  # fmt: skip
+            self.report.stop_reason = "time budget"
+        elif self.report.tasks_truncated:
+            self.report.stop_reason = "state budget"
+        elif capped:
+            self.report.stop_reason = "task budget"
         else:
             self.report.stop_reason = "exhausted"
         log.info("block enumeration: %d tasks, %d skeletons (%s)", len(tasks), len(found),
@@ -422,24 +469,32 @@ class _Search:
             cands.append(Candidate(graph, est, "kernel:" + graph.fingerprint()[:16]))
         # rank skeletons by one representative tiling each, then expand the best ones fully
         scored = []
+        deadline = self.start + self.config.time_budget_s * RANKING_SHARE
         for k, (site, skel) in enumerate(skeletons):
+            if k >= 8 and time.time() > deadline:  # the first few are ranked in any case
+                self.report.notes.append(f"ranking stopped by the time budget after {k} of "
+                                         f"{len(skeletons)} skeletons")  # fmt: skip
+                break
             tilings = en.tilings(skel, space)
             rep = _representative(tilings, space)
             c = self._candidate(site, skel, rep) if rep is not None else None
             if c is not None:
                 scored.append((c.estimate_s, k, site, skel, tilings))
         scored.sort(key=lambda x: x[:2])
-        for _, _, site, skel, tilings in scored[: self.config.max_skeletons_ranked]:
-            for tiling in tilings:
+        expand = _round_robin(scored, self.config.max_skeletons_ranked)
+        for k, (_, _, site, skel, tilings) in enumerate(scored):
+            if k not in expand and time.time() > deadline:
+                continue
+            if k in expand:
+                todo = tilings
+            else:
+                rep = _representative(tilings, space)
+                todo = [rep] if rep is not None else []
+            for tiling in todo:
                 c = self._candidate(site, skel, tiling)
                 if c is not None:
                     cands.append(c)
-        for _, _, site, skel, tilings in scored[self.config.max_skeletons_ranked:]:
-            rep = _representative(tilings, space)
-            c = self._candidate(site, skel, rep) if rep is not None else None
-            if c is not None:
-                cands.append(c)
-        cands.sort(key=lambda c: (c.estimate_s, c.graph.fingerprint()))
+        cands.sort(key=_rank_key)
         self.report.candidates = len(cands)
         # the best tiling of every skeleton first, so verification and timing see variety
         firsts, rest, seen = [], [], set()
@@ -453,7 +508,10 @@ class _Search:
         graph = en.build_kernel(site.prefix, block, site.operands) if block is not None else None
         if graph is None:
             return None
-        return Candidate(graph, cost_model.estimate(graph).time_s, skel.block.fingerprint()[:16])
+        # a skeleton is a block graph *at a site*: the same block on other operands is another
+        key = hashlib.sha1(repr((site.prefix.nodes, site.operands)).encode()).hexdigest()[:8]
+        return Candidate(graph, cost_model.estimate(graph).time_s,
+                         key + ":" + skel.block.fingerprint()[:16])  # fmt: skip
 
     # -- verification ------------------------------------------------------------------------
     def _verify(self, ranked: Sequence[Candidate]) -> list[Candidate]:
@@ -462,13 +520,16 @@ class _Search:
         verified: list[Candidate] = []
         seed = cfg.seed if cfg.float_check else None
         workers = max(1, cfg.workers)
-        per_worker = max(1, -(-cfg.max_verify // workers))
+        per_worker = 1
         pos = 0
         bar = _progress(cfg, min(len(ranked), cfg.max_verify), "verify")
         degree = 1
+        futs = getattr(self, "_digest_futures", None) or []
+        digests = [f.result() for f in futs] if futs else None
+        deadline = self.start + cfg.time_budget_s * VERIFY_SHARE
         try:
             while pos < len(ranked) and len(verified) < cfg.max_verify:
-                if verified and time.time() > self.deadline:
+                if verified and time.time() > deadline:
                     self.report.notes.append("verification stopped by the time budget")
                     break
                 want = min(workers * per_worker, cfg.max_verify - len(verified))
@@ -482,7 +543,8 @@ class _Search:
                     chunk.append(_fused(c))
                 groups = [chunk[k::workers] for k in range(workers) if chunk[k::workers]]
                 futs = [self.executor.submit(verify_worker, self.text,
-                                             [str(c.graph) for c in grp], self.spec, seed)
+                                             [str(c.graph) for c in grp], self.spec, seed,
+                                             digests)
                         for grp in groups]  # fmt: skip
                 pairs = [(c, v) for grp, fut in zip(groups, futs)
                          for c, v in zip(grp, fut.result())]  # fmt: skip
@@ -492,13 +554,14 @@ class _Search:
                     self.report.ff_checked += 1
                     degree = max(degree, pair_degree_bound(self.target, c.graph))
                     c = Candidate(c.graph, c.estimate_s, c.skeleton, ff, fl)
-                    if not ff.ok:
+                    if fl is not None and not fl.ok:
+                        self.report.float_rejected += 1
+                        rejected.add(c.skeleton)
+                        log.info("float check rejected %s: %s", c.summary(), fl)
+                    elif not ff.ok:
                         self.report.ff_rejected += 1
                         rejected.add(c.skeleton)
                         log.debug("finite field rejected %s:\n%s", c.summary(), c.graph)
-                    elif fl is not None and not fl.ok:
-                        self.report.float_rejected += 1
-                        log.info("float check rejected %s: %s", c.summary(), fl)
                     else:
                         verified.append(c)
                         if bar is not None:
@@ -565,6 +628,30 @@ class _Search:
         log.info("best: %s", r.best_summary)
 
 
+def _rank_key(c: Candidate) -> tuple:
+    """Estimated time, in buckets of 2% (the model cannot tell such times apart), then fewer
+    kernels, then the canonical text for determinism."""
+    bucket = math.floor(math.log(max(c.estimate_s, 1e-9)) / math.log(1.02))
+    kernels = sum(n.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE) for n in c.graph.nodes)
+    return (bucket, kernels, c.estimate_s, c.graph.fingerprint())
+
+
+def _round_robin(scored: Sequence[tuple], n: int) -> set[int]:
+    """Indices of the ``n`` skeletons to expand at every tiling: the best of each (site,
+    loop structure) group first, then the second best of each, ... (variety for ranking)."""
+    groups: dict[Any, list[int]] = {}
+    for k, (_, _, site, skel, _) in enumerate(scored):
+        groups.setdefault((site.prefix.nodes, site.operands, skel.fdims), []).append(k)
+    chosen: set[int] = set()
+    depth = 0
+    while len(chosen) < n and any(len(g) > depth for g in groups.values()):
+        for g in groups.values():
+            if depth < len(g) and len(chosen) < n:
+                chosen.add(g[depth])
+        depth += 1
+    return chosen
+
+
 def _representative(tilings: Sequence[en.Tiling], space: SearchSpace) -> en.Tiling | None:
     """A middle-of-the-road tiling: blocks nearest 4 per core, then the middle loop range."""
     if not tilings:
@@ -581,8 +668,11 @@ def _representative(tilings: Sequence[en.Tiling], space: SearchSpace) -> en.Tili
 
 
 def _site_cost(site: en.Site) -> int:
+    """Sites in order: fewer compute ops before the graph_def, then fewer layout ops; operands
+    of different ranks (which block ops cannot combine) last among their peers."""
     compute = sum(op not in (Op.RESHAPE, Op.TRANSPOSE, Op.CAST) for op, _, _ in site.prefix.nodes)
-    return 10 * compute + site.prefix.num_ops
+    mixed = len({t.rank for t in site.arg_types}) > 1
+    return 10 * compute + site.prefix.num_ops + 5 * mixed
 
 
 def _fused(c: Candidate) -> Candidate:

@@ -1,0 +1,535 @@
+"""The superoptimizer (mirage_jax.search): enumeration, verification, ranking and the runner.
+
+1. The six suite programs at small shapes: the search finds a verified μGraph with a single
+   graph-defined kernel of the structure Mirage finds, and it computes what jax computes on
+   fresh inputs (plus two full-shape searches marked slow).
+2. Pruning is sound: on small bounds, the pruned search verifies exactly the μGraphs the
+   unpruned search verifies.
+3. Verification accepts nothing wrong: every type-correct mutant of a found μGraph (a swapped
+   accumulator, a changed imap/omap/fdim, a dropped op, a changed scalar) is rejected.
+4. Determinism under a seed (inline and with a process pool), the report, timing and the
+   baseline comparison, the config, the cost model and the false-acceptance bound.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import multiprocessing
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mirage_jax import suite, trace
+from mirage_jax.config import SearchConfig
+from mirage_jax.errors import GraphError, SearchError
+from mirage_jax.interpret import evaluate, ff_fingerprint
+from mirage_jax.ir import (
+    BlockBuilder,
+    BlockGraph,
+    KernelBuilder,
+    KernelGraph,
+    Op,
+    TensorType,
+    ThreadBuilder,
+)
+from mirage_jax.ir.ops import ACCUMULATORS
+from mirage_jax.ir.types import F32
+from mirage_jax.search import InlineExecutor, superoptimize
+from mirage_jax.search import cost as cost_model
+from mirage_jax.search import enumerate as en
+from mirage_jax.search.equivalence import (
+    FFSpec,
+    degree_bound,
+    false_acceptance_bound,
+    ff_check,
+    float_check,
+)
+
+FNS = {p.name: p.fn for p in suite.programs(1)}
+
+# Small versions of the six programs (rmsnorm's weight is large enough that streaming it
+# through a for-loop beats one tile per block, as at the benchmark shapes).
+SMALL = {
+    "rmsnorm_linear": [(4, 1024), (1024,), (1024, 512)],
+    "gated_mlp": [(4, 64), (64, 32), (64, 32)],
+    "lora": [(8, 32), (32, 64), (32, 4), (4, 64)],
+    "gqa_decode": [(2, 8, 16), (2, 16, 64), (2, 64, 16)],
+    "qknorm_attn": [(2, 8, 16), (2, 16, 64), (2, 64, 16)],
+    "ntrans": [(4, 64), (4, 64), (4, 64)],
+}
+
+
+def fast_config(**kw) -> SearchConfig:
+    base = dict(workers=1, time_candidates=False, progress=False, max_tasks=4, max_verify=6,
+                time_budget_s=120)  # fmt: skip
+    base.update(kw)
+    return SearchConfig(**base)
+
+
+def inputs(shapes, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+def target_of(name: str, shapes=None) -> KernelGraph:
+    return trace(FNS[name], *inputs(shapes or SMALL[name], 0)).regions[0].graph
+
+
+_RESULTS: dict[str, object] = {}
+
+
+def search(name: str):
+    """One small search per program per test session (several tests read it)."""
+    if name not in _RESULTS:
+        _RESULTS[name] = superoptimize(target_of(name), fast_config(), executor=InlineExecutor())
+    return _RESULTS[name]
+
+
+def graph_defs(g: KernelGraph) -> list[BlockGraph]:
+    return [n.attr("block") for n in g.nodes if n.op is Op.GRAPH_DEF]
+
+
+def kernel_compute(g: KernelGraph) -> list[Op]:
+    return [n.op for n in g.nodes if n.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE, Op.GRAPH_DEF)]
+
+
+def block_ops(b: BlockGraph) -> list[Op]:
+    """Ops of a block graph with thread graphs inlined."""
+    out = []
+    for n in b.nodes:
+        if n.op is Op.THREAD:
+            out += [m.op for m in n.attr("graph").nodes if m.op not in (Op.INPUT, Op.OUTPUT)]
+        else:
+            out.append(n.op)
+    return out
+
+
+def single_kernel(g: KernelGraph) -> BlockGraph | None:
+    """The block graph when ``g`` is one graph-defined kernel (reshapes aside)."""
+    blocks = graph_defs(g)
+    return blocks[0] if len(blocks) == 1 and not kernel_compute(g) else None
+
+
+def rms_with_accumulators(b: BlockGraph) -> bool:
+    ops = block_ops(b)
+    accs = [n for n in b.nodes if n.op in ACCUMULATORS]
+    return (b.forloop_range > 1 and Op.MATMUL in ops
+            and any(n.attr("dim") == -1 for n in accs if n.op is Op.ACC_SUM)  # the matmul
+            and any(n.attr("dim") != -1 for n in accs if n.op in (Op.ACC_SUM, Op.ACC_MEAN,
+                                                                  Op.ACC_RMS)))  # fmt: skip
+
+
+EXPECTED = {
+    # RMSNorm+matmul: a for-loop over the hidden dim with a sum (matmul) and an rms-style
+    # (sum of squares over the tile) accumulator
+    "rmsnorm_linear": rms_with_accumulators,
+    # gated MLP: both matmuls in one block graph
+    "gated_mlp": lambda b: block_ops(b).count(Op.MATMUL) == 2,
+    # LoRA: all three matmuls fused
+    "lora": lambda b: block_ops(b).count(Op.MATMUL) == 3,
+    # attention: online softmax (FlashDecoding-style) in one kernel
+    "gqa_decode": lambda b: Op.ACC_RESCALE_SUM in block_ops(b),
+    # QK-norm folded into the attention kernel: both rsqrt normalisations inside the block
+    "qknorm_attn": lambda b: block_ops(b).count(Op.RSQRT) == 2 and block_ops(b).count(Op.MATMUL) == 2,
+    # nTrans: both norms and the update in one kernel
+    "ntrans": lambda b: block_ops(b).count(Op.RSQRT) == 2,
+}
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_small_program_search_finds_mirages_fused_kernel(name):
+    result = search(name)
+    report = result.report
+    assert report.verified == len(result.verified) >= 1, str(report)
+    matches = [c for c in result.verified
+               if (b := single_kernel(c.graph)) is not None and EXPECTED[name](b)]  # fmt: skip
+    assert matches, f"{name}: no verified single-kernel μGraph of the expected form:\n" + "\n".join(
+        c.summary() for c in result.verified
+    )  # fmt: skip
+    found = matches[0].graph
+    target = target_of(name)
+    assert ff_fingerprint(found, seed=7) == ff_fingerprint(target, seed=7)
+    # the region (traced from jax, inputs in the region's order) is the float64 reference
+    fresh = inputs([t.shape for t in target.input_types], seed=11)
+    want = evaluate(target, fresh, precision="float64")[0]
+    got = np.asarray(evaluate(found, fresh)[0], np.float64)
+    assert np.max(np.abs(got - want)) <= 1e-4 * max(1.0, np.max(np.abs(want)))
+    assert result.best is not target or report.comparison != "not compared"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["rmsnorm_linear", "gqa_decode"])
+def test_full_shape_search_within_a_minute_on_two_cores(name):
+    prog = {p.name: p for p in suite.programs(1)}[name]
+    target = trace(prog.fn, *suite.make_inputs(prog)).regions[0].graph
+    start = time.time()
+    result = superoptimize(target, SearchConfig(time_candidates=False, progress=False))
+    assert time.time() - start < 60, str(result.report)
+    assert any((b := single_kernel(c.graph)) is not None and EXPECTED[name](b)
+               for c in result.verified), str(result.report)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# pruning soundness
+
+
+def _sound_config(prune: bool) -> SearchConfig:
+    return SearchConfig(
+        workers=1, time_candidates=False, progress=False, prune=prune, max_kernel_ops=2,
+        max_block_ops=3, max_graph_def_inputs=2, grid_sizes=(2,), forloop_ranges=(2,),
+        max_grid_axes=1, max_verify=10**6, max_skeletons_ranked=10**6, time_budget_s=600,
+        max_states=10**6,
+    )  # fmt: skip
+
+
+def _verified_texts(target: KernelGraph, prune: bool) -> set[str]:
+    result = superoptimize(target, _sound_config(prune), executor=InlineExecutor())
+    assert result.report.stop_reason == "exhausted", str(result.report)
+    return {str(c.graph) for c in result.verified}
+
+
+def _silu_matmul() -> KernelGraph:
+    kb = KernelBuilder()
+    x, w = kb.input(TensorType((4, 8), F32)), kb.input(TensorType((8, 4), F32))
+    kb.output(kb.apply(Op.SILU, kb.matmul(x, w)))
+    return kb.build()
+
+
+def _rsqrt_sumsq() -> KernelGraph:
+    kb = KernelBuilder()
+    x = kb.input(TensorType((4, 8), F32))
+    s = kb.apply(Op.REDUCE_SUM, kb.apply(Op.MUL, x, x), dim=1)
+    kb.output(kb.apply(Op.RSQRT, s))
+    return kb.build()
+
+
+@pytest.mark.parametrize("make", [_silu_matmul, _rsqrt_sumsq], ids=["silu_matmul", "rsqrt"])
+def test_pruning_never_removes_a_graph_the_unpruned_search_verifies(make):
+    target = make()
+    pruned = _verified_texts(target, prune=True)
+    unpruned = _verified_texts(target, prune=False)
+    # the unpruned search checks every type-correct graph within the bounds with the field
+    assert unpruned, "the bounds admit no equivalent graph: the test would prove nothing"
+    assert any(" graph_def(" in t for t in unpruned)
+    assert pruned == unpruned
+
+
+# ---------------------------------------------------------------------------------------------
+# no wrong candidate is accepted: mutants of found μGraphs
+
+
+def _rebuild_kernel(g: KernelGraph, block: BlockGraph) -> KernelGraph:
+    kb = KernelBuilder()
+    vals = {}
+    for n in g.nodes:
+        if n.op is Op.INPUT:
+            vals[n.outs[0]] = kb.input(g.types[n.outs[0]])
+        elif n.op is Op.OUTPUT:
+            kb.output(vals[n.ins[0]])
+        else:
+            attrs = n.attr_dict
+            if n.op is Op.GRAPH_DEF:
+                attrs["block"] = block
+            for o, v in zip(n.outs, kb.add_node(n.op, tuple(vals[i] for i in n.ins), attrs)):
+                vals[o] = v
+    return kb.build()
+
+
+def _rebuild_block(b: BlockGraph, change) -> BlockGraph:
+    """``b`` with ``change(k, node) -> (op, ins, attrs) | None`` applied to node k; None keeps
+    it, a ``("alias", v)`` result replaces the node's value by value v."""
+    bb = BlockBuilder(b.grid, b.forloop_range, b.arg_types)
+    vals: dict[int, object] = {}
+    for k, n in enumerate(b.nodes):
+        op, ins, attrs = n.op, n.ins, n.attr_dict
+        got = change(k, n)
+        if got is not None and got[0] == "alias":
+            vals[n.outs[0]] = vals[got[1]]
+            continue
+        if got is not None:
+            op, ins, attrs = got
+        if op is Op.OUTPUT_SAVER:
+            bb.output_saver(vals[ins[0]], attrs["omap"], attrs["fdim"])
+        elif op is Op.INPUT_ITER:
+            vals[n.outs[0]] = bb.input_iter(attrs["arg"], attrs["imap"], attrs["fdim"])
+        else:
+            (vals[n.outs[0]],) = bb.add_node(op, tuple(vals[i] for i in ins), attrs)
+    return bb.build()
+
+
+def _scaled_thread(graph, j: int):
+    """The thread graph with node j's scalar multiplied by 1.5."""
+    tb = ThreadBuilder()
+    vals = {}
+    for k, n in enumerate(graph.nodes):
+        if n.op is Op.INPUT:
+            vals[n.outs[0]] = tb.input(graph.types[n.outs[0]])
+        elif n.op is Op.OUTPUT:
+            tb.output(vals[n.ins[0]])
+        else:
+            attrs = n.attr_dict
+            if k == j:
+                attrs["scalar"] *= 1.5
+            vals[n.outs[0]] = tb.apply(n.op, *(vals[i] for i in n.ins), **attrs)
+    return tb.build()
+
+
+def mutants(g: KernelGraph) -> list[tuple[str, KernelGraph]]:
+    """Type-correct single-edit mutants of a one-graph_def μGraph that change its meaning."""
+    (b,) = graph_defs(g)
+    edits = []
+    active = [a for a in range(3) if b.grid[a] > 1]
+    for k, n in enumerate(b.nodes):
+        attrs = n.attr_dict
+        if n.op in ACCUMULATORS:
+            x = n.ins[:1]
+            for new in (Op.ACC_SUM, Op.ACC_MEAN, Op.ACC_MAX):
+                if new is not n.op:
+                    dim = attrs.get("dim", -1)
+                    edits.append((f"{n.op.value}->{new.value}", k, (new, x, {"dim": dim})))
+        for name in ("omap", "imap"):  # two grid axes of one size: swapping them keeps types
+            if name in attrs:
+                for a in active:
+                    for c in active:
+                        m = list(attrs[name])
+                        if a < c and m[a] != m[c]:
+                            m[a], m[c] = m[c], m[a]
+                            edits.append((f"{name} swap", k, (n.op, n.ins, {**attrs, name: tuple(m)})))
+        if n.op in (Op.INPUT_ITER, Op.OUTPUT_SAVER):
+            for a in active:  # a grid axis mapped to another dim (or none)
+                m = list(attrs["imap" if n.op is Op.INPUT_ITER else "omap"])
+                rank = (b.arg_types[attrs["arg"]] if n.op is Op.INPUT_ITER else b.types[n.ins[0]]).rank
+                for d in [-1, *range(rank)]:
+                    if d != m[a] and (d == -1 or d not in m):
+                        name = "imap" if n.op is Op.INPUT_ITER else "omap"
+                        new = tuple(d if i == a else x for i, x in enumerate(m))
+                        edits.append((f"{name}{new}", k, (n.op, n.ins, {**attrs, name: new})))
+        if n.op is Op.INPUT_ITER:
+            rank = b.arg_types[attrs["arg"]].rank
+            if b.forloop_range > 1:
+                for d in [-1, *range(rank)]:
+                    if d != attrs["fdim"]:
+                        edits.append((f"fdim={d}", k, (n.op, n.ins, {**attrs, "fdim": d})))
+        if n.op in (Op.MUL_SCALAR, Op.ADD_SCALAR):
+            edits.append((f"{n.op.value}*1.5", k, (n.op, n.ins, {"scalar": attrs["scalar"] * 1.5})))
+        if n.op is Op.THREAD:
+            for j, m in enumerate(attrs["graph"].nodes):
+                if m.op in (Op.MUL_SCALAR, Op.ADD_SCALAR):
+                    graph = _scaled_thread(attrs["graph"], j)
+                    edits.append((f"{m.op.value}*1.5", k, (n.op, n.ins, {"graph": graph})))
+        if n.outs and n.op not in (Op.INPUT_ITER,) and n.ins:
+            for i in n.ins:
+                if b.types[i] == b.types[n.outs[0]]:
+                    edits.append((f"drop {n.op.value}", k, ("alias", i)))
+                    break
+    out = []
+    for label, k, new in edits:
+        try:
+            mutant = _rebuild_kernel(g, _rebuild_block(b, lambda j, n, k=k, new=new: new if j == k else None))
+        except GraphError:
+            continue
+        if mutant.output_types == g.output_types and str(mutant) != str(g):
+            out.append((label, mutant))
+    return out
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_linear", "gqa_decode", "gated_mlp"])
+def test_every_mutant_of_a_found_graph_is_rejected(name):
+    # with 4 cores a multi-block grid needs 4 blocks: grids of two axes of size 2, so that
+    # swapping the axes' maps is a type-correct mutation
+    target = target_of(name)
+    cfg = fast_config(grid_sizes=(2,), cores=4, max_verify=12)
+    result = superoptimize(target, cfg, executor=InlineExecutor())
+    tiled = [c.graph for c in result.verified
+             if (b := single_kernel(c.graph)) is not None and b.num_blocks == 4]  # fmt: skip
+    assert tiled, str(result.report)
+    found = max(tiled, key=lambda g: single_kernel(g).forloop_range)
+    cases = mutants(found)
+    kinds = {label[:4] for label, _ in cases}
+    assert len(cases) >= 6 and {"omap", "imap", "drop"} <= kinds, kinds
+    if single_kernel(found).forloop_range > 1:
+        assert any(label.startswith("acc_") for label, _ in cases)
+    if name == "rmsnorm_linear":
+        assert any("scalar*1.5" in label for label, _ in cases)
+    spec = FFSpec(seed=3, trials=3)
+    accepted = [label for label, m in cases if ff_check(target, m, spec).ok]
+    assert not accepted, f"wrong mutants accepted: {accepted}"
+    assert ff_check(target, found, spec).ok  # the unmutated graph still passes
+
+
+def test_float_check_rejects_an_unshifted_softmax_the_field_accepts():
+    b, m, d, n = 1, 4, 64, 32  # logits of std ~70: exp overflows float32 unless shifted
+    T = lambda *s: TensorType(s, F32)  # noqa: E731
+
+    def attention(shift: bool) -> KernelGraph:
+        kb = KernelBuilder()
+        q, k, v = kb.input(T(b, m, d)), kb.input(T(b, d, n)), kb.input(T(b, n, d))
+        s = kb.matmul(q, k)
+        e = kb.apply(Op.EXP, kb.apply(Op.SUB, s, kb.apply(Op.REDUCE_MAX, s, dim=2)) if shift else s)
+        p = kb.apply(Op.DIV, e, kb.apply(Op.REDUCE_SUM, e, dim=2))
+        kb.output(kb.matmul(p, v))
+        return kb.build()
+
+    target, unsafe = attention(True), attention(False)
+    assert ff_check(target, unsafe, FFSpec()).ok  # exp(s)/sum(exp(s)): equal in the field
+    assert float_check(target, target).ok
+    verdict = float_check(target, unsafe)  # wide inputs: exp(s) overflows float32
+    assert not verdict.ok and (math.isnan(verdict.max_error) or verdict.max_error > verdict.tolerance)
+
+
+# ---------------------------------------------------------------------------------------------
+# determinism, the report, timing and the baseline
+
+
+def test_search_is_deterministic_under_a_seed_inline_and_with_a_process_pool():
+    target = target_of("gqa_decode")
+    cfg = fast_config(max_tasks=3, max_verify=3)
+    a = superoptimize(target, cfg, executor=InlineExecutor())
+    b = superoptimize(target, cfg, executor=InlineExecutor())
+    with cf.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        c = superoptimize(target, cfg.with_(workers=2), executor=pool)
+    for other in (b, c):
+        assert [str(x.graph) for x in other.verified] == [str(x.graph) for x in a.verified]
+        assert str(other.best) == str(a.best)
+        for field in ("states", "pruned_abstract", "pruned_index", "skeletons", "candidates"):
+            assert getattr(other.report, field) == getattr(a.report, field), field
+
+
+def test_report_counts_every_stage_and_reads_well():
+    result = search("gated_mlp")
+    r = result.report
+    assert r.states > 0 and r.pruned_abstract > 0 and r.pruned_index > 0
+    assert r.tasks_run == 4 and r.tasks > 4 and r.stop_reason == "task budget"
+    assert r.skeletons > 0 and r.candidates >= r.skeletons
+    assert r.verified == len(result.verified) <= r.ff_checked
+    assert r.ff_checked == r.verified + r.ff_rejected + r.float_rejected
+    assert r.trials == 3 and 0 < r.false_acceptance_bound < 1e-20
+    assert r.oracle_saturated
+    for stage in ("saturation", "kernel", "block", "instantiate", "verify", "timing", "total"):
+        assert stage in r.timings
+    text = str(r)
+    for part in ("enumerated", "pruned:", "verification:", "false acceptance <=", "best:",
+                 "graph_def[", "not compared"):  # fmt: skip
+        assert part in text, part
+    assert r.best_text == str(result.best)
+
+
+def test_winner_needs_to_beat_the_baseline():
+    target = target_of("lora")
+    times = {}
+
+    def timer(g):  # deterministic fake timings: the fewer kernels, the faster
+        times[str(g)] = 1e-3 * (1 + len(kernel_compute(g)) + len(g.nodes) * 1e-3)
+        return times[str(g)]
+
+    cfg = fast_config(max_tasks=2, max_verify=3, top_k_timed=3)
+    fast = superoptimize(target, cfg, executor=InlineExecutor(), timer=timer, baseline=lambda: 1.0)
+    assert fast.best is not target and fast.report.timed == 3
+    assert fast.report.best_measured_s == min(times.values())
+    assert "faster than the baseline" in fast.report.comparison
+    assert [c.measured_s for c in fast.verified[:3]] == sorted(c.measured_s for c in fast.verified[:3])
+    slow = superoptimize(target, cfg, executor=InlineExecutor(), timer=timer, baseline=lambda: 1e-6)
+    assert slow.best is target and "target is kept" in slow.report.comparison
+    untimed = superoptimize(target, cfg, executor=InlineExecutor(), timer=lambda g: None,
+                            baseline=lambda: 1.0)  # fmt: skip
+    assert untimed.report.comparison.startswith("not compared")
+
+
+def test_no_graph_defs_and_nothing_found_keeps_the_target():
+    target = target_of("ntrans")
+    result = superoptimize(target, fast_config(max_graph_defs=0, max_kernel_ops=1),
+                           executor=InlineExecutor())  # fmt: skip
+    assert result.best is target and not result.verified
+    assert "no verified candidate" in str(result.report)
+
+
+# ---------------------------------------------------------------------------------------------
+# config, enumeration pieces, cost model, bound
+
+
+def test_config_is_frozen_hashable_validated_and_derives_the_space():
+    cfg = SearchConfig(seed=1, block_ops=["matmul", Op.ACC_SUM])
+    assert hash(cfg) == hash(SearchConfig(seed=1, block_ops=[Op.MATMUL, "acc_sum"]))
+    assert cfg.block_ops == frozenset({Op.MATMUL, Op.ACC_SUM})
+    with pytest.raises(AttributeError):
+        cfg.seed = 2  # type: ignore[misc]
+    with pytest.raises(SearchError, match="max_kernel_ops"):
+        SearchConfig(max_kernel_ops=0)
+    with pytest.raises(SearchError, match="time_budget_s"):
+        SearchConfig(time_budget_s=0)
+    with pytest.raises(SearchError, match="not_an_op"):
+        SearchConfig(kernel_ops=["not_an_op"])
+    space = SearchConfig().space(target_of("rmsnorm_linear"))
+    assert Op.ACC_SUM in space.block_ops and Op.MATMUL in space.block_ops
+    assert space.scalars[Op.MUL_SCALAR] == (1 / 1024,)
+    assert space.reshapes == ((1, 1024),)
+    assert space.max_block_ops == max(11, 2 + 9)
+    # grid sizes divide an output dim; loop ranges give loop tiles within loop_tile
+    assert all(any(d % g == 0 for d in (4, 512)) for g in space.grid_sizes)
+    assert space.forloop_ranges((1024,)) and all(
+        16 <= 1024 // r <= 1024 and 1024 % r == 0 for r in space.forloop_ranges((1024,))
+    )  # fmt: skip
+    assert SearchConfig(forloop_ranges=(3, 4)).space(target_of("lora")).forloop_ranges((32,)) == (4,)
+    with pytest.raises(SearchError, match="KernelGraph"):
+        superoptimize("not a graph")  # type: ignore[arg-type]
+
+
+def test_index_analysis_rejects_what_size_only_terms_accept():
+    target = target_of("gated_mlp")
+    idx = en.IndexAnalysis(target)
+    chk = idx.checker()
+    x, w1 = idx.inputs[0], idx.inputs[1]
+    # sum_k(w1) is a reduction event the target does not have (it sums x*w1 over k)
+    with pytest.raises(en._Conflict):
+        chk.step(Op.REDUCE_SUM, (("dim", 0),), [w1], [(64, 32)], (1, 32))
+    # x * w1 aligns x's k with w1's n
+    with pytest.raises(en._Conflict):
+        chk.step(Op.MUL, (), [x, w1], [(4, 64), (64, 32)], (4, 32))
+    out = chk.step(Op.MATMUL, (), [x, w1], [(4, 64), (64, 32)], (4, 32))
+    assert en._labels_match(out, idx.outputs[0])
+    assert en.is_max_shifted(en._abstract().add(en._abstract().var(0), en._abstract().mul(
+        en._abstract().rmax(en._abstract().var(0)), en._abstract().const(-1))))  # fmt: skip
+
+
+def test_canonical_form_identifies_reorderings():
+    b = BlockBuilder((1, 1, 1), 1, (TensorType((4, 8), F32),))
+    x = b.input_iter(0, (-1, -1, -1))
+    s = b.apply(Op.SQUARE, x)
+    e = b.apply(Op.EXP, x)
+    b.output_saver(b.apply(Op.MUL, s, e), (-1, -1, -1))
+    c = BlockBuilder((1, 1, 1), 1, (TensorType((4, 8), F32),))
+    x = c.input_iter(0, (-1, -1, -1))
+    e = c.apply(Op.EXP, x)
+    s = c.apply(Op.SQUARE, x)
+    c.output_saver(c.apply(Op.MUL, s, e), (-1, -1, -1))
+    one, two = b.build(), c.build()
+    assert str(one) != str(two)
+    assert str(en.canonical_block(one)) == str(en.canonical_block(two))
+
+
+def test_cost_model_prefers_streaming_tiles_and_counts_bytes_and_flops():
+    target = target_of("rmsnorm_linear")
+    result = search("rmsnorm_linear")
+    looped = next(c.graph for c in result.verified
+                  if (b := single_kernel(c.graph)) is not None and b.forloop_range > 1)  # fmt: skip
+    est = cost_model.estimate(looped)
+    assert est.flops >= 2 * 4 * 1024 * 512 and est.bytes >= 1024 * 512 * 4
+    (k,) = [k for k in est.kernels if k.what.startswith("graph_def")]
+    assert k.working_set < cost_model.DEFAULT_MODEL.l2_bytes
+    whole = cost_model.estimate(target)
+    assert len(whole.kernels) == len(kernel_compute(target))
+    assert est.time_s < whole.time_s  # one pass over w instead of materialised intermediates
+    assert "us" in str(est)
+
+
+def test_false_acceptance_bound_and_degree():
+    target = target_of("gqa_decode")
+    d = degree_bound(target)
+    assert 1 <= d <= 10
+    spec = FFSpec(trials=3)
+    assert false_acceptance_bound(d, spec) == pytest.approx((d / spec.q) ** 3)
+    assert false_acceptance_bound(10**12, spec) == 1.0
