@@ -347,6 +347,21 @@ def test_block_matmul_batch_dims(rng: np.random.Generator) -> None:
     check(g, [rand(rng, t) for t in g.input_types], tol=4e-6)
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 12, 16, 19])
+def test_block_matmul_reads_tiles_in_place(m: int, rng: np.random.Generator) -> None:
+    """Matmul operands are read where they lie (strided tiles of the kernel tensors, batch
+    dims split by the grid), for every register blocking of M, a ragged N and a K long
+    enough to be cut into passes with a remainder."""
+    bb = BlockBuilder((3, 2, 1), 2, (T(2, m, 2 * 150), T(2, 2 * 150, 3 * 37)))
+    a = bb.input_iter(0, (N, 0, N), 2)  # [1, m, 150]: batch from grid y, K from the loop
+    b = bb.input_iter(1, (2, 0, N), 1)  # [1, 150, 37]: columns from grid x
+    bb.output_saver(bb.apply(Op.ACC_SUM, bb.matmul(a, b)), (2, 0, N))
+    g = _kernel(bb.build())
+    source = emit_cpu(g, "k")
+    assert source.count("mj::tile_ref<") == 2 and "load_tile" not in source
+    check(g, [rand(rng, t) for t in g.input_types], tol=4e-6)
+
+
 # ------------------------------------------------------- the fused μGraphs of tests/graphs.py
 
 

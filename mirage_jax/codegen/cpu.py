@@ -402,6 +402,11 @@ class _BlockEmitter:
             ):
                 self.fused_acc[n.outs[0]] = users[0].outs[0]
 
+    def _read_in_place(self, v: int) -> bool:
+        """An input tile only matmuls read is not copied: they stream it from the tensor."""
+        users = self.g.users(v)
+        return bool(users) and all(u.op is Op.MATMUL for u in users)
+
     def _tile(self, v: int, op: Op) -> str:
         t = self.g.types[v]
         self.decls.append(f"mj::Tile<{_ctype(t, op)}, {_shape(t.shape)}> t{v};")
@@ -424,8 +429,13 @@ class _BlockEmitter:
             arg, fdim = node.attr("arg"), node.attr("fdim")
             full = g.arg_types[arg].shape
             it = "i" if fdim != NONE_DIM else "0"
-            stmt = (f"mj::load_tile<{_shape(full)}, {_map(node.attr('imap'))}, {fdim}>"
-                    f"({self._tile(v, op)}, in{arg}, b, {it});")  # fmt: skip
+            tmpl = f"<{_shape(full)}, {_map(node.attr('imap'))}, {fdim}"
+            if self._read_in_place(v):
+                self.name[v] = f"t{v}"
+                stmt = (f"const auto t{v} = mj::tile_ref{tmpl}, {_shape(g.types[v].shape)}>"
+                        f"(in{arg}, b, {it});")  # fmt: skip
+            else:
+                stmt = f"mj::load_tile{tmpl}>({self._tile(v, op)}, in{arg}, b, {it});"
             self._where(v).append(f"{stmt}  // {text}")
             return
         if op is Op.OUTPUT_SAVER:

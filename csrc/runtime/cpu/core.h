@@ -109,8 +109,35 @@ struct View {
   }
 };
 
+// A block's tile read in place: the box of a row-major kernel tensor of shape Full that a
+// block sees, with Full's strides. Matmul operands use it instead of a copied Tile, since the
+// copy costs a store and a reload of every element the matmul streams once.
+template <class T, class Sh, class Full>
+struct TileRef {
+  using value_type = T;
+  using shape = Sh;
+  static_assert(Sh::rank == Full::rank, "a tile has its tensor's rank");
+  const T* data;
+  MJ_INLINE const T* ptr() const { return data; }
+  static constexpr i64 stride(int d) { return Full::stride(d); }
+};
+
 template <class X>
 using shape_of = typename std::remove_reference_t<X>::shape;
+
+// Element stride of dim d of an operand: row-major in its own shape, except for a TileRef.
+template <class X>
+struct StrideOf {
+  static constexpr i64 get(int d) { return shape_of<X>::stride(d); }
+};
+template <class T, class Sh, class Full>
+struct StrideOf<TileRef<T, Sh, Full>> {
+  static constexpr i64 get(int d) { return Full::stride(d); }
+};
+template <class X>
+inline constexpr i64 stride_of(int d) {
+  return StrideOf<std::remove_cv_t<std::remove_reference_t<X>>>::get(d);
+}
 template <class X>
 using value_of = typename std::remove_reference_t<X>::value_type;
 
@@ -155,9 +182,14 @@ inline constexpr bool is_vec = Lane<T>::vector;
 template <class T>
 inline constexpr bool simd_type = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
+// A broadcast (not 0 + s, which g++ must compute as an add to keep -0.0).
 template <class T>
 MJ_INLINE T splat(lane_t<T> s) {
-  return T{} + s;
+  if constexpr (is_vec<T>) {
+    return s - T{};  // s - 0 is s for every s, -0.0 included, so this folds to a broadcast
+  } else {
+    return s;
+  }
 }
 
 template <class V>

@@ -17,14 +17,30 @@ namespace mj {
 template <class T>
 struct GemmCfg {
 #if MJ_VEC_BYTES == 64
-  static constexpr int MR = 6, NV = 4;  // 24 of 32 zmm registers hold C
+  static constexpr int MR = 6, NV = 4, ACC_REGS = 24;  // 24 of 32 zmm registers hold C
 #elif MJ_VEC_BYTES == 32
-  static constexpr int MR = 6, NV = 2;  // 12 of 16 ymm registers
+  static constexpr int MR = 6, NV = 2, ACC_REGS = 12;  // 12 of 16 ymm registers
 #else
-  static constexpr int MR = 4, NV = 2;  // 8 of 16 xmm registers
+  static constexpr int MR = 4, NV = 2, ACC_REGS = 8;  // 8 of 16 xmm registers
 #endif
   static constexpr int W = lanes<T>;
   static constexpr i64 MB = 16 * MR, NB = 4 * NV * W, KB = 256;  // kernel-level task blocks
+};
+
+// Register blocking for a product with M rows: skinny products (decode: M <= 8) take all rows
+// in one panel, so B is read once, with as many vectors per row as the accumulators allow;
+// M a multiple of 8 takes 8 x 3, others the default. A split like 6 + 2 would read B twice
+// and run the 2-row pass load-bound.
+template <class T, i64 M>
+struct Blocking {
+  using C = GemmCfg<T>;
+  static constexpr int pick_mr() {
+    if (M <= 8 && M * 2 <= C::ACC_REGS) return static_cast<int>(M);
+    if (M % 8 == 0 && C::ACC_REGS >= 24) return 8;
+    return C::MR;
+  }
+  static constexpr int MR = pick_mr();
+  static constexpr int NV = MR == C::MR ? C::NV : (C::ACC_REGS / MR > 8 ? 8 : C::ACC_REGS / MR);
 };
 
 // g++ contracts this into one FMA instruction where the ISA has one.
@@ -77,7 +93,7 @@ MJ_INLINE void micro_cols(T* C, const T* A, const T* B) {
 // All M rows of one column panel, MR rows at a time (NV vectors wide, or NS scalar columns).
 template <class T, i64 M, int NV, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
 MJ_INLINE void gemm_panel(T* C, const T* A, const T* B) {
-  constexpr int MR = GemmCfg<T>::MR;
+  constexpr int MR = Blocking<T, M>::MR;
   constexpr i64 MF = M / MR * MR;
   for (i64 i = 0; i < MF; i += MR) {
     if constexpr (NV > 0) micro<T, MR, NV, K, LDA, LDB, LDC, ACC>(C + i * LDC, A + i * LDA, B);
@@ -90,11 +106,11 @@ MJ_INLINE void gemm_panel(T* C, const T* A, const T* B) {
   }
 }
 
-// C[M, N] (+)= A[M, K] @ B[K, N] with leading dims LDA, LDB, LDC.
+// C[M, N] (+)= A[M, K] @ B[K, N] over all column panels, for one chunk of K.
 template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
-MJ_INLINE void gemm(T* C, const T* A, const T* B) {
+MJ_INLINE void gemm_chunk(T* C, const T* A, const T* B) {
   static_assert(simd_type<T>, "matmul supports float and double");
-  constexpr int W = GemmCfg<T>::W, NV = GemmCfg<T>::NV;
+  constexpr int W = GemmCfg<T>::W, NV = Blocking<T, M>::NV;
   constexpr i64 NR = NV * W, NF = N / NR * NR;
   for (i64 j = 0; j < NF; j += NR) gemm_panel<T, M, NV, 0, K, LDA, LDB, LDC, ACC>(C + j, A, B + j);
   constexpr int NVT = static_cast<int>((N - NF) / W);
@@ -102,6 +118,26 @@ MJ_INLINE void gemm(T* C, const T* A, const T* B) {
   constexpr i64 J = NF + NVT * W;
   if constexpr (N > J)
     gemm_panel<T, M, 0, static_cast<int>(N - J), K, LDA, LDB, LDC, ACC>(C + J, A, B + J);
+}
+
+// Rows of B per pass over all column panels: a pass touches KC rows of B (KC pages when B's
+// rows are long), which stay in L1's TLB and in L2 for the next panel; C is reloaded once per
+// pass, which costs 1/KC of the FMAs.
+inline constexpr i64 kGemmKC = 64;
+
+// C[M, N] (+)= A[M, K] @ B[K, N] with leading dims LDA, LDB, LDC.
+template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
+MJ_INLINE void gemm(T* C, const T* A, const T* B) {
+  constexpr i64 KC = kGemmKC;
+  if constexpr (K <= 2 * KC) {
+    gemm_chunk<T, M, N, K, LDA, LDB, LDC, ACC>(C, A, B);
+  } else {
+    constexpr i64 KF = K / KC * KC;
+    gemm_chunk<T, M, N, KC, LDA, LDB, LDC, ACC>(C, A, B);
+    for (i64 k0 = KC; k0 < KF; k0 += KC)
+      gemm_chunk<T, M, N, KC, LDA, LDB, LDC, true>(C, A + k0, B + k0 * LDB);
+    if constexpr (K > KF) gemm_chunk<T, M, N, K - KF, LDA, LDB, LDC, true>(C, A + KF, B + KF * LDB);
+  }
 }
 
 template <class SA, class SB>
@@ -113,15 +149,31 @@ struct MatmulDims {
   static constexpr i64 batch = SA::prod(0, r - 2);
 };
 
-// Block level: out = a @ b over the batch dims; matmul_acc adds the product into out.
+// Element offset of batch index t (row-major over the batch dims) in an operand.
+template <class X>
+constexpr i64 batch_offset(i64 t) {
+  using Sh = shape_of<X>;
+  i64 off = 0;
+  for (int d = Sh::rank - 3; d >= 0; --d) {
+    off += (t % Sh::dims[d]) * stride_of<X>(d);
+    t /= Sh::dims[d];
+  }
+  return off;
+}
+
+// Block level: out = a @ b over the batch dims; matmul_acc adds the product into out. The
+// operands may be TileRefs (strided, read in place); out is a dense tile.
 template <bool ACC, class Out, class A, class B>
 MJ_INLINE void matmul_impl(Out& out, const A& a, const B& b) {
   using D = MatmulDims<shape_of<A>, shape_of<B>>;
   using T = value_of<Out>;
+  constexpr int r = D::r;
+  constexpr i64 LDA = stride_of<A>(r - 2), LDB = stride_of<B>(r - 2);
+  static_assert(stride_of<A>(r - 1) == 1 && stride_of<B>(r - 1) == 1, "rows must be dense");
   for (i64 t = 0; t < D::batch; ++t)
-    gemm<T, D::M, D::N, D::K, D::K, D::N, D::N, ACC>(out.ptr() + t * D::M * D::N,
-                                                     a.ptr() + t * D::M * D::K,
-                                                     b.ptr() + t * D::K * D::N);
+    gemm<T, D::M, D::N, D::K, LDA, LDB, D::N, ACC>(out.ptr() + t * D::M * D::N,
+                                                   a.ptr() + batch_offset<A>(t),
+                                                   b.ptr() + batch_offset<B>(t));
 }
 template <class Out, class A, class B>
 MJ_INLINE void matmul(Out& out, const A& a, const B& b) { matmul_impl<false>(out, a, b); }

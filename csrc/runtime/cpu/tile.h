@@ -61,6 +61,21 @@ MJ_INLINE void load_tile(Tile<T, TSh>& tile, const U* src, const BlockIdx& b, i6
   }
 }
 
+// The same tile without a copy (see TileRef), prefetching the next iteration's as load_tile.
+template <class Full, class IMap, int FDim, class TSh, class U>
+MJ_INLINE TileRef<U, TSh, Full> tile_ref(const U* src, const BlockIdx& b, i64 it) {
+  if constexpr (FDim >= 0 && MJ_PREFETCH_AHEAD > 0) {
+    constexpr i64 range = Full::dims[FDim] / TSh::dims[FDim];
+    constexpr i64 ahead = MJ_PREFETCH_AHEAD;
+    if (it == 0)
+      for (i64 k = 0; k < ahead && k < range; ++k)
+        prefetch_region<TSh, Full>(src + tile_offset<Full, TSh, IMap, FDim>(b, k));
+    if (it + ahead < range)
+      prefetch_region<TSh, Full>(src + tile_offset<Full, TSh, IMap, FDim>(b, it + ahead));
+  }
+  return TileRef<U, TSh, Full>{src + tile_offset<Full, TSh, IMap, FDim>(b, it)};
+}
+
 template <class Full, class OMap, int FDim, class T, class TSh>
 MJ_INLINE void store_tile(T* dst, const Tile<T, TSh>& tile, const BlockIdx& b, i64 it) {
   copy_region<TSh, Full, TSh>(dst + tile_offset<Full, TSh, OMap, FDim>(b, it), tile.data);
