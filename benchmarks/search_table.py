@@ -5,11 +5,16 @@ cold (a fresh process pool, empty caches except the compiler's disk cache) with 
 ``SearchConfig`` (time budget 60 s, 2 workers), and print what the search did: states
 enumerated, pruned (by abstract expressions, by the index analysis, as duplicates or dead
 ends, as unsafe exps), candidates verified / rejected, the best μGraph, and the search time.
-With ``--time`` (the default) the best few verified candidates are compiled and timed, and
-compared with ``jax.jit`` of the same region measured in the same process.
+Unless ``--no-time``, the best ``--top-k`` verified candidates are compiled and timed, and
+compared with ``jax.jit`` of the same region measured in the same process; the "rank rho"
+column is the Spearman rank correlation between the cost model's estimates and those
+measurements (how well the model orders what it is asked to order). "mirage form" says
+whether a verified candidate is the single graph-defined kernel Mirage finds for the program
+(``suite.MIRAGE_FORMS``), whether or not it ranks best.
 
     python benchmarks/search_table.py                 # bs 1 and 8, all six programs
     python benchmarks/search_table.py --bs 1 --programs gqa_decode,lora --no-time
+    python benchmarks/search_table.py --top-k 8       # rank correlation over 8 candidates
 """
 
 from __future__ import annotations
@@ -35,13 +40,38 @@ def _baseline(program, index: int, target):
     return lambda: median_seconds(fn, args, budget_s=0.3)
 
 
-def _row(name: str, bs: int, result, wall: float) -> list[str]:
-    from mirage_jax.ir import Op
+def _ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda k: xs[k])
+    out = [0.0] * len(xs)
+    k = 0
+    while k < len(order):  # ties share their mean rank
+        j = k
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[k]]:
+            j += 1
+        for i in range(k, j + 1):
+            out[order[i]] = (k + j) / 2
+        k = j + 1
+    return out
 
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rho of two samples (None below three points or without spread)."""
+    if len(a) < 3:
+        return None
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = sum((x - ma) ** 2 for x in ra) ** 0.5
+    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
+    return None if va == 0 or vb == 0 else cov / (va * vb)
+
+
+def _row(name: str, bs: int, result, wall: float) -> list[str]:
     r = result.report
-    best = result.best
-    kernels = [n.op for n in best.nodes if n.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE)]
-    single = kernels == [Op.GRAPH_DEF]  # one graph-defined kernel and nothing else
+    from mirage_jax import suite
+
+    # a verified μGraph of the form Mirage finds (one graph-defined kernel), best or not
+    single = any(suite.has_mirage_form(name, c.graph) for c in result.verified)
     pruned = r.pruned_abstract + r.pruned_index + r.pruned_duplicate + r.pruned_dead
     pruned += r.pruned_numeric
     summary = r.best_summary or "(target kept)"
@@ -49,16 +79,19 @@ def _row(name: str, bs: int, result, wall: float) -> list[str]:
     speed = "-"
     if r.baseline_s and r.best_measured_s:
         speed = f"{r.baseline_s / r.best_measured_s:.2f}x"
+    rho = spearman([e for _, e, _ in r.timed_candidates], [m for _, _, m in r.timed_candidates])
     return [
         name, str(bs), str(r.states), str(pruned), f"{r.verified}/{r.ff_checked}",
         str(r.ff_rejected), str(r.float_rejected), "yes" if single else "no",
         us(r.best_estimate_s), us(r.best_measured_s), us(r.baseline_s), speed,
+        "-" if rho is None else f"{rho:+.2f} ({len(r.timed_candidates)})",
         f"{wall:.1f}", r.stop_reason, summary[:90],
     ]  # fmt: skip
 
 
-HEADER = ["program", "bs", "states", "pruned", "verified", "ff-rej", "float-rej", "1 kernel",
-          "est us", "meas us", "jit us", "speedup", "search s", "stop", "best μGraph"]  # fmt: skip
+HEADER = ["program", "bs", "states", "pruned", "verified", "ff-rej", "float-rej", "mirage form",
+          "est us", "meas us", "jit us", "speedup", "rank rho", "search s", "stop",
+          "best μGraph"]  # fmt: skip
 
 
 def _print_table(rows: list[list[str]]) -> None:
@@ -77,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-time", action="store_true", help="skip compiling and timing")
+    parser.add_argument("--top-k", type=int, default=3,
+                        help="verified candidates to time (and to correlate with the model)")
     parser.add_argument("--verbose", action="store_true", help="print every search report")
     args = parser.parse_args(argv)
 
@@ -87,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 
     wanted = {p for p in args.programs.split(",") if p}
     config = SearchConfig(time_budget_s=args.time_budget, workers=args.workers,
-                          time_candidates=not args.no_time, progress=False)  # fmt: skip
+                          time_candidates=not args.no_time, progress=False,
+                          max_verify=max(3, args.top_k), top_k_timed=args.top_k)  # fmt: skip
     rows = []
     for bs in args.bs:
         for program in suite.programs(bs):
@@ -105,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                 print("  ".join(rows[-1][:2] + rows[-1][-3:]), flush=True)
     print()
     _print_table(rows)
+    rhos = [float(r[12].split()[0]) for r in rows if r[12] != "-"]
+    if rhos:
+        print(f"\nmean rank correlation (cost model vs measured): {sum(rhos) / len(rhos):+.2f} "
+              f"over {len(rhos)} searches")
     return 0
 
 

@@ -125,7 +125,12 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
 
 def _signature(args: Sequence[Any], static_argnums: tuple[int, ...]) -> Any:
     def leaf_key(x: Any) -> Any:
-        return (tuple(np.shape(x)), str(jax.numpy.result_type(x)), getattr(x, "weak_type", False))
+        # the per-call path: arrays answer from their attributes; result_type (slow) only
+        # for Python scalars and other leaves
+        dtype = getattr(x, "dtype", None)
+        if dtype is not None and hasattr(x, "shape"):
+            return (x.shape, dtype, getattr(x, "weak_type", False))
+        return (tuple(np.shape(x)), jax.numpy.result_type(x), getattr(x, "weak_type", False))
 
     parts = []
     for i, a in enumerate(args):

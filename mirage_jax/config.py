@@ -66,7 +66,7 @@ class SearchConfig:
     max_blocks: int = 256
     forloop_ranges: tuple[int, ...] | None = None
     loop_tile: tuple[int, int] = (16, 1024)
-    max_forloop_candidates: int = 4
+    max_forloop_candidates: int = 6
     # allowed maps (None: every map that divides evenly)
     imaps: tuple[tuple[int, int, int], ...] | None = None
     omaps: tuple[tuple[int, int, int], ...] | None = None
@@ -154,7 +154,7 @@ class SearchSpace:
         """Loop ranges R >= 2 dividing every loop extent, with loop tiles within ``loop_tile``.
 
         Powers of two (or the extent itself) only; at most ``max_forloop_candidates``, those
-        with tiles nearest the middle of the range first, then returned in increasing order.
+        with tiles nearest 64 first, then returned in increasing order.
         """
         cfg = self.config
         if cfg.forloop_ranges is not None:
@@ -171,7 +171,9 @@ class SearchSpace:
             tiles = [e // r for e in extents]
             if all(lo <= t <= hi for t in tiles) or (max(extents) < lo and r == g):
                 cands.append(r)
-        mid = math.sqrt(lo * hi)
+        # loop tiles near 64 rows first: matmul operands stream in place, so short tiles
+        # cost little and keep a pass over B in L1's TLB and in L2
+        mid = min(max(64, lo), hi)
         cands.sort(key=lambda r: (abs(math.log(max(extents) / r / mid)), r))
         return tuple(sorted(cands[: cfg.max_forloop_candidates]))
 

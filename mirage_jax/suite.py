@@ -182,7 +182,80 @@ def make_inputs(program: Program, seed: int = 0) -> list[np.ndarray]:
     return [(a.mean + a.std * rng.standard_normal(a.shape)).astype(dtype) for a in program.args]
 
 
+# ------------------------------------------------------------ the μGraphs Mirage finds
+
+
+def _block_ops(block: Any) -> list[Any]:
+    """Ops of a block graph with its thread graphs inlined."""
+    from mirage_jax.ir import Op
+
+    out = []
+    for n in block.nodes:
+        if n.op is Op.THREAD:
+            out += [m.op for m in n.attr("graph").nodes if m.op not in (Op.INPUT, Op.OUTPUT)]
+        else:
+            out.append(n.op)
+    return out
+
+
+def single_kernel(graph: Any) -> Any:
+    """The block graph when ``graph`` is one graph-defined kernel (reshapes aside), else None."""
+    from mirage_jax.ir import Op
+
+    blocks = [n.attr("block") for n in graph.nodes if n.op is Op.GRAPH_DEF]
+    others = [n for n in graph.nodes
+              if n.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE, Op.GRAPH_DEF)]  # fmt: skip
+    return blocks[0] if len(blocks) == 1 and not others else None
+
+
+def _rms_with_accumulators(block: Any) -> bool:
+    from mirage_jax.ir import Op
+    from mirage_jax.ir.ops import ACCUMULATORS
+
+    accs = [n for n in block.nodes if n.op in ACCUMULATORS]
+    return (block.forloop_range > 1 and Op.MATMUL in _block_ops(block)
+            and any(n.attr("dim") == -1 for n in accs if n.op is Op.ACC_SUM)
+            and any(n.attr("dim") != -1 for n in accs
+                    if n.op in (Op.ACC_SUM, Op.ACC_MEAN, Op.ACC_RMS)))  # fmt: skip
+
+
+def _count(op_name: str, n: int) -> Callable[[Any], bool]:
+    def check(block: Any) -> bool:
+        from mirage_jax.ir import Op
+
+        return _block_ops(block).count(Op(op_name)) == n
+
+    return check
+
+
+def _online_softmax(block: Any) -> bool:
+    from mirage_jax.ir import Op
+
+    return Op.ACC_RESCALE_SUM in _block_ops(block)
+
+
+# What Mirage finds for each suite program, as a predicate on the block graph of a single
+# graph-defined kernel, with the words for it.
+MIRAGE_FORMS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "rmsnorm_linear": ("a for-loop with a sum (matmul) and a sum-of-squares accumulator",
+                       _rms_with_accumulators),
+    "gated_mlp": ("both matmuls in one block graph", _count("matmul", 2)),
+    "lora": ("all three matmuls fused", _count("matmul", 3)),
+    "gqa_decode": ("online softmax (FlashDecoding-style) in one kernel", _online_softmax),
+    "qknorm_attn": ("both rsqrt normalisations and both matmuls in the block",
+                    lambda b: _count("rsqrt", 2)(b) and _count("matmul", 2)(b)),
+    "ntrans": ("both norms and the update in one kernel", _count("rsqrt", 2)),
+}  # fmt: skip
+
+
+def has_mirage_form(name: str, graph: Any) -> bool:
+    """Whether ``graph`` is one graph-defined kernel of the form Mirage finds for ``name``."""
+    block = single_kernel(graph)
+    return block is not None and MIRAGE_FORMS[name][1](block)
+
+
 __all__ = [
+    "MIRAGE_FORMS", "has_mirage_form", "single_kernel",
     "Arg", "Program", "cumsum_between", "extra_programs", "gated_mlp", "gelu_mlp", "gqa_decode",
     "l2norm", "layernorm", "lora", "make_inputs", "ntrans", "programs", "pytree_mlp", "qknorm_attn",
     "residual_relu", "rmsnorm", "rmsnorm_linear", "softmax", "sort_between",

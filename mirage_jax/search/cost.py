@@ -11,21 +11,25 @@ Per graph-defined kernel:
 - bytes from memory: every operand tile a block reads (loop-varying tiles once per iteration),
   summed over the blocks, i.e. replicated operands are re-read by every block; a re-read of an
   operand that fits in the shared last-level cache costs ``llc_reread`` of a memory read;
-  outputs are written once;
-- flops: tile matmuls at the matmul rate (scaled down for skinny tiles, which cannot fill the
-  SIMD registers), elementwise ops and reductions at the vector rate (transcendentals cost
-  ``transcendental`` element operations), accumulator updates, all times the iterations;
-- working set: the live tiles of one block (operand tiles, intermediates, accumulators). The
-  emitter copies every operand tile into a local buffer: while the working set fits in L2
-  the copy overlaps the read it comes from, and only intermediates are streamed through L2
-  (past L1); past L2 copies and intermediates go to memory and back;
+  outputs are written once. Streams of short rows (a tile narrower than a page of its
+  tensor) lose some bandwidth to the hardware prefetcher, which stops at page boundaries;
+- tile copies: the emitter reads matmul operands in place but copies every other operand tile
+  into a local buffer, a load and a store per element on the core;
+- flops: tile matmuls at the rate of the register blocking the runtime picks for their M and
+  N (``matmul.h``: all rows of a skinny product in one panel), elementwise ops and reductions
+  at the vector rate (transcendentals cost ``transcendental`` element operations),
+  accumulator updates, all times the iterations;
+- working set: the live tiles of one block (operand tiles, intermediates, accumulators); past
+  L2, copies and intermediates go to memory and back, past L1 intermediates stream through L2;
 - parallelism: blocks are spread over the cores in waves; the last wave may leave cores idle
   (``imbalance``), and every block and every iteration pays a small scheduling overhead.
 
 time = launch + max(memory time, compute time / efficiency) + spill time + overheads. Kernel-level
 (pre-defined) ops are simple streaming kernels over whole tensors. The constants default to
-the machine this project was measured on (2 cores, ~30 GB/s, L1 48 KiB, L2 1 MiB per core,
-L3 32 MiB); they order candidates, the timing step decides.
+the machine this project was measured on (2 cores, ~40 GB/s of streaming reads, AVX-512 FMA at
+~80 GFLOP/s per core in practice, L1 48 KiB, L2 1 MiB per core, L3 32 MiB); they order
+candidates, the timing step decides. ``benchmarks/cost_model.py`` reports how well the
+model's order matches measurements.
 """
 
 from __future__ import annotations
@@ -47,13 +51,17 @@ class CpuModel:
     """The ceilings of one CPU (defaults: the 2-core AMD EPYC this project runs on)."""
 
     cores: int = 2
-    mem_bytes_per_s: float = 30e9  # all cores together
+    mem_bytes_per_s: float = 40e9  # all cores together
+    core_mem_bytes_per_s: float = 30e9  # what one core alone pulls
     l2_bytes_per_s: float = 60e9  # per core
     l1_bytes: int = 48 * 1024
     l2_bytes: int = 1024 * 1024
     llc_bytes: int = 32 * 1024 * 1024
     llc_reread: float = 0.3  # a re-read of an LLC-resident operand, relative to memory
-    matmul_flops: float = 40e9  # per core, large tiles
+    page_bytes: int = 4096
+    matmul_flops: float = 80e9  # per core, a full register block
+    simd_lanes: int = 16  # float32 lanes of one vector register
+    acc_regs: int = 24  # vector registers the matmul micro-kernel keeps accumulators in
     vector_elems: float = 4e9  # elementwise element-ops per core per second
     transcendental: float = 8.0  # element-ops per transcendental
     launch_s: float = 3e-6  # one parallel region
@@ -116,8 +124,46 @@ def _elem_cost(op: Op, size: int, model: CpuModel) -> float:
 
 
 def _matmul_rate(m: int, n: int, model: CpuModel) -> float:
-    # skinny tiles cannot fill a register block (about 8 rows x 32 columns on AVX-512)
-    return model.matmul_flops * min(1.0, m / 8) ** 0.5 * min(1.0, n / 32) ** 0.5
+    """Flops per second of one core on an [m, k] @ [k, n] tile product.
+
+    Mirrors the runtime's register blocking (``Blocking`` in matmul.h): mr rows by nv vectors
+    of accumulators; each k step issues mr * nv FMAs (one per cycle) against nv loads of B and
+    mr broadcasts of A (two per cycle), and needs a few independent FMA chains to hide latency.
+    Ragged edges run partly empty panels.
+    """
+    lanes, regs = model.simd_lanes, model.acc_regs
+    if m <= 8 and 2 * m <= regs:
+        mr = m
+    elif m % 8 == 0 and regs >= 24:
+        mr = 8
+    else:
+        mr = 6
+    vecs = math.ceil(n / lanes)
+    nv = max(1, min(vecs, regs // mr, 8))
+    fmas = mr * nv
+    eff = fmas / max(fmas, (nv + mr) / 2, 4)
+    rows = m / (math.ceil(m / mr) * mr)
+    cols = n / (vecs * lanes)
+    return model.matmul_flops * eff * rows * cols
+
+
+def _stream_efficiency(tile: tuple[int, ...], full: tuple[int, ...], itemsize: int,
+                       model: CpuModel) -> float:  # fmt: skip
+    """Share of the memory bandwidth a loop-varying tile read achieves: its contiguous runs
+    (the tile's rows, merged where the tile spans whole rows) against a page."""
+    run = itemsize
+    for t, f in zip(reversed(tile), reversed(full)):
+        run *= t
+        if t != f:
+            break
+    return min(1.0, run / model.page_bytes) ** 0.1
+
+
+def reads_in_place(block: BlockGraph, value: int) -> bool:
+    """Whether the CPU emitter reads this input tile where it lies instead of copying it:
+    when only matmuls use it (the rule of ``codegen.cpu``)."""
+    users = block.users(value)
+    return bool(users) and all(u.op is Op.MATMUL for u in users)
 
 
 def _op_cost(graph: KernelGraph, node: Node, model: CpuModel) -> KernelCost:
@@ -164,16 +210,22 @@ def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "
     phases = block.phases()
     R, blocks = block.forloop_range, block.num_blocks
     read = copied = 0.0
+    stream_time = 0.0  # seconds of memory time of the tile reads
+    # fewer blocks than cores leave cores idle that would pull memory too
+    bandwidth = min(model.mem_bytes_per_s, min(blocks, model.cores) * model.core_mem_bytes_per_s)
     for n in block.nodes_of(Op.INPUT_ITER):
-        tile = block.types[n.outs[0]].nbytes
+        ttype, full = block.types[n.outs[0]], block.arg_types[n.attr("arg")]
         loops = R if n.attr("fdim") != -1 else 1
-        per_block = tile * loops
-        total = per_block * blocks
-        copied += total
-        unique = block.arg_types[n.attr("arg")].nbytes
+        total = ttype.nbytes * loops * blocks
+        if not reads_in_place(block, n.outs[0]):
+            copied += total
+        unique = full.nbytes
         rereads = max(0.0, total - unique)
         factor = model.llc_reread if unique <= model.llc_bytes else 1.0
-        read += min(total, unique) + rereads * factor
+        nbytes = min(total, unique) + rereads * factor
+        read += nbytes
+        eff = _stream_efficiency(ttype.shape, full.shape, ttype.dtype.itemsize, model)
+        stream_time += nbytes / (bandwidth * eff)
     written = float(sum(t.nbytes for t in block.output_types))
     flops = seconds = 0.0
     inter = 0.0  # bytes of intermediates produced per block (all iterations)
@@ -190,14 +242,15 @@ def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "
     if ws > model.l2_bytes:  # tile copies and intermediates go out to memory and back
         extra_memory = 2.0 * (copied + inter * blocks)
         spill = extra_memory / model.mem_bytes_per_s
-    elif ws > model.l1_bytes:  # copies stay in L2 and overlap the reads; intermediates do not
+    elif ws > model.l1_bytes:  # intermediates stream through L2
         spill = inter * blocks / (model.l2_bytes_per_s * model.cores)
     else:
         spill = 0.0
     waves = math.ceil(blocks / model.cores)
     efficiency = blocks / (waves * model.cores)
+    seconds += copied / model.l2_bytes_per_s  # a load and a store per copied element
     compute = seconds / model.cores / efficiency
-    memory = (read + written) / model.mem_bytes_per_s
+    memory = stream_time + written / bandwidth
     overhead = (blocks * model.block_s + blocks * R * model.iteration_s) / model.cores
     # spills stall the cores whether the kernel is bound by memory or by compute
     t = model.launch_s + max(memory, compute) + spill + overhead
@@ -217,4 +270,4 @@ def working_set(block: BlockGraph) -> int:
 
 
 __all__ = ["DEFAULT_MODEL", "CpuCost", "CpuModel", "KernelCost", "block_cost", "estimate",
-           "working_set"]  # fmt: skip
+           "reads_in_place", "working_set"]  # fmt: skip

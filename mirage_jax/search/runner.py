@@ -114,6 +114,8 @@ class SearchReport:
     float_rejected: int = 0
     verified: int = 0
     timed: int = 0
+    # (summary, estimated s, measured s) of every timed candidate: how the cost model ranks
+    timed_candidates: list[tuple[str, float, float]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     stop_reason: str = ""
     trials: int = 0
@@ -593,6 +595,8 @@ class _Search:
                     s = None
                 timed.append(Candidate(c.graph, c.estimate_s, c.skeleton, c.ff, c.float, s))
             self.report.timed = sum(c.measured_s is not None for c in timed)
+            self.report.timed_candidates = [(c.summary(), c.estimate_s, c.measured_s)
+                                            for c in timed if c.measured_s is not None]  # fmt: skip
         # measured candidates first (fastest first), then the rest in cost-model order
         measured = sorted((c for c in timed if c.measured_s is not None),
                           key=lambda c: c.measured_s)  # type: ignore[arg-type, return-value]
