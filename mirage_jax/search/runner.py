@@ -503,7 +503,7 @@ class _Search:
         for c in cands:
             (rest if c.skeleton in seen else firsts).append(c)
             seen.add(c.skeleton)
-        return firsts + rest
+        return _diversify(firsts) + rest
 
     def _candidate(self, site: en.Site, skel: en.Skeleton, tiling: en.Tiling) -> Candidate | None:
         block = en.instantiate(skel, tiling, self.space)
@@ -588,6 +588,9 @@ class _Search:
         timed = []
         if timer is not None:
             for c in verified[: cfg.top_k_timed]:
+                if timed and time.time() > self.deadline:
+                    self.report.notes.append("timing stopped by the time budget")
+                    break
                 try:
                     s = timer(c.graph)
                 except MirageError as err:
@@ -630,6 +633,29 @@ class _Search:
         r.best_estimate_s = top.estimate_s
         r.best_measured_s = top.measured_s
         log.info("best: %s", r.best_summary)
+
+
+def _structure(graph: KernelGraph) -> tuple[int, bool]:
+    """(kernels, whether a graph-defined kernel loops): the classes the shortlist mixes."""
+    kernels = [n for n in graph.nodes if n.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE)]
+    loops = any(n.attr("block").forloop_range > 1 for n in kernels if n.op is Op.GRAPH_DEF)
+    return len(kernels), loops
+
+
+def _diversify(ranked: Sequence[Candidate]) -> list[Candidate]:
+    """Candidates round-robin over their structure classes, each class in rank order, the
+    classes in the order of their best: the first few verified and timed then differ in
+    kind (fused or not, looping or not), which the cost model orders least reliably."""
+    classes: dict[tuple[int, bool], list[Candidate]] = {}
+    for c in ranked:
+        classes.setdefault(_structure(c.graph), []).append(c)
+    queues = list(classes.values())  # dicts keep insertion order: the order of each best
+    out: list[Candidate] = []
+    depth = 0
+    while len(out) < len(ranked):
+        out += [q[depth] for q in queues if depth < len(q)]
+        depth += 1
+    return out
 
 
 def _rank_key(c: Candidate) -> tuple:
