@@ -136,6 +136,8 @@ def _signature(args: Sequence[Any], static_argnums: tuple[int, ...]) -> Any:
     for i, a in enumerate(args):
         if i in static_argnums:
             parts.append(("static", a))
+        elif isinstance(a, jax.Array):  # the common case, without flattening
+            parts.append((a.shape, a.dtype, a.weak_type))
         else:
             leaves, treedef = jax.tree_util.tree_flatten(a)
             parts.append((treedef, tuple(leaf_key(x) for x in leaves)))

@@ -58,10 +58,21 @@ def compare(
     rounds: int = 3,
     budget_s: float = 0.3,
 ) -> tuple[float, float]:
-    """Median times of candidate and baseline, interleaved in rounds so drift hits both alike."""
+    """Median times of candidate and baseline, call by call in alternation, so that drift of
+    the machine (frequency, other tenants) hits both alike; ``rounds * budget_s`` seconds of
+    timing for both together, at least 7 calls each (who goes first alternates too)."""
     args = device_args(args)
-    cand, base = [], []
-    for _ in range(rounds):
-        cand.append(median_seconds(candidate, args, budget_s=budget_s))
-        base.append(median_seconds(baseline, args, budget_s=budget_s))
+    for _ in range(2):
+        jax.block_until_ready(candidate(*args))
+        jax.block_until_ready(baseline(*args))
+    cand: list[float] = []
+    base: list[float] = []
+    deadline = time.perf_counter() + rounds * budget_s
+    pair = [(candidate, cand), (baseline, base)]
+    while len(cand) < 2000 and (len(cand) < 7 or time.perf_counter() < deadline):
+        for fn, out in pair:
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            out.append(time.perf_counter() - start)
+        pair.reverse()
     return statistics.median(cand), statistics.median(base)
