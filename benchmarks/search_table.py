@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-time", action="store_true", help="skip compiling and timing")
-    parser.add_argument("--top-k", type=int, default=3,
+    parser.add_argument("--top-k", type=int, default=4,
                         help="verified candidates to time (and to correlate with the model)")
     parser.add_argument("--verbose", action="store_true", help="print every search report")
     args = parser.parse_args(argv)
@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     wanted = {p for p in args.programs.split(",") if p}
     config = SearchConfig(time_budget_s=args.time_budget, workers=args.workers,
                           time_candidates=not args.no_time, progress=False,
-                          max_verify=max(3, args.top_k), top_k_timed=args.top_k)  # fmt: skip
+                          max_verify=max(SearchConfig.max_verify, args.top_k),
+                          top_k_timed=args.top_k)  # fmt: skip
     rows = []
     for bs in args.bs:
         for program in suite.programs(bs):

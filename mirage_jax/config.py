@@ -85,11 +85,11 @@ class SearchConfig:
     # verification
     seed: int = 0
     trials: int = 3
-    max_verify: int = 3
+    max_verify: int = 6
     max_skeletons_ranked: int = 24  # skeletons whose every tiling is ranked (others: one)
     float_check: bool = True
     # ranking
-    top_k_timed: int = 3
+    top_k_timed: int = 4
     time_candidates: bool = True
     # parallelism
     workers: int = 2

@@ -18,8 +18,6 @@ import math
 import multiprocessing
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -35,6 +33,7 @@ from mirage_jax.ir import (
     Op,
     TensorType,
     ThreadBuilder,
+    map_blocks,
 )
 from mirage_jax.ir.ops import ACCUMULATORS
 from mirage_jax.ir.types import F32
@@ -183,20 +182,7 @@ def test_pruning_never_removes_a_graph_the_unpruned_search_verifies(make):
 
 
 def _rebuild_kernel(g: KernelGraph, block: BlockGraph) -> KernelGraph:
-    kb = KernelBuilder()
-    vals = {}
-    for n in g.nodes:
-        if n.op is Op.INPUT:
-            vals[n.outs[0]] = kb.input(g.types[n.outs[0]])
-        elif n.op is Op.OUTPUT:
-            kb.output(vals[n.ins[0]])
-        else:
-            attrs = n.attr_dict
-            if n.op is Op.GRAPH_DEF:
-                attrs["block"] = block
-            for o, v in zip(n.outs, kb.add_node(n.op, tuple(vals[i] for i in n.ins), attrs)):
-                vals[o] = v
-    return kb.build()
+    return map_blocks(g, lambda _: block)
 
 
 def _rebuild_block(b: BlockGraph, change) -> BlockGraph:

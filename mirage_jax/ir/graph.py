@@ -16,6 +16,7 @@ Graphs are immutable and hashable; build them with ``KernelBuilder`` / ``BlockBu
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -417,7 +418,26 @@ def rebuild(graph: Graph) -> Graph:
     return parse(to_text(graph))
 
 
+def map_blocks(graph: KernelGraph, fn: Callable[[BlockGraph], BlockGraph]) -> KernelGraph:
+    """``graph`` with the block graph of every graph-defined kernel replaced by ``fn`` of it
+    (rebuilt, so every check runs on the result)."""
+    kb = KernelBuilder()
+    vals: dict[int, Value] = {}
+    for node in graph.nodes:
+        if node.op is Op.INPUT:
+            vals[node.outs[0]] = kb.input(graph.types[node.outs[0]])
+        elif node.op is Op.OUTPUT:
+            kb.output(vals[node.ins[0]])
+        else:
+            attrs = node.attr_dict
+            if node.op is Op.GRAPH_DEF:
+                attrs["block"] = fn(attrs["block"])
+            outs = kb.add_node(node.op, tuple(vals[i] for i in node.ins), attrs)
+            vals.update(zip(node.outs, outs))
+    return kb.build()
+
+
 __all__ = [
     "Attrs", "BlockBuilder", "BlockGraph", "Graph", "KernelBuilder", "KernelGraph", "Node",
-    "Phase", "ThreadBuilder", "ThreadGraph", "Value", "node_phase", "rebuild",
+    "Phase", "ThreadBuilder", "ThreadGraph", "Value", "map_blocks", "node_phase", "rebuild",
 ]  # fmt: skip

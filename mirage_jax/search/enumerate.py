@@ -49,7 +49,6 @@ from mirage_jax.ir.graph import BlockBuilder, BlockGraph, KernelBuilder, KernelG
 from mirage_jax.ir.ops import (
     ACCUMULATORS,
     BINARY,
-    LAYOUT,
     NONE_DIM,
     REDUCTIONS,
     SCALAR_UNARY,

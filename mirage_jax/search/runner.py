@@ -42,8 +42,8 @@ from typing import Any, Protocol
 from mirage_jax.config import SearchConfig, SearchSpace
 from mirage_jax.errors import MirageError, SearchError
 from mirage_jax.ir.fuse import fuse_elementwise
-from mirage_jax.ir.graph import BlockGraph, KernelBuilder, KernelGraph
-from mirage_jax.ir.ops import Op
+from mirage_jax.ir.graph import BlockGraph, KernelGraph, map_blocks
+from mirage_jax.ir.ops import ACCUMULATORS, Op
 from mirage_jax.ir.text import parse, to_text
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import enumerate as en
@@ -636,16 +636,18 @@ class _Search:
 
 
 def _structure(graph: KernelGraph) -> tuple[int, bool]:
-    """(kernels, whether a graph-defined kernel loops): the classes the shortlist mixes."""
+    """(kernels, whether a graph-defined kernel accumulates over a for-loop): the classes
+    the shortlist mixes."""
     kernels = [n for n in graph.nodes if n.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE)]
-    loops = any(n.attr("block").forloop_range > 1 for n in kernels if n.op is Op.GRAPH_DEF)
-    return len(kernels), loops
+    accumulates = any(m.op in ACCUMULATORS for n in kernels if n.op is Op.GRAPH_DEF
+                      for m in n.attr("block").nodes)  # fmt: skip
+    return len(kernels), accumulates
 
 
 def _diversify(ranked: Sequence[Candidate]) -> list[Candidate]:
     """Candidates round-robin over their structure classes, each class in rank order, the
     classes in the order of their best: the first few verified and timed then differ in
-    kind (fused or not, looping or not), which the cost model orders least reliably."""
+    kind (fused or not, accumulating or not), which the cost model orders least reliably."""
     classes: dict[tuple[int, bool], list[Candidate]] = {}
     for c in ranked:
         classes.setdefault(_structure(c.graph), []).append(c)
@@ -715,22 +717,7 @@ def _fused(c: Candidate) -> Candidate:
 
 def fuse_kernel(graph: KernelGraph) -> KernelGraph:
     """``graph`` with ``fuse_elementwise`` applied to every block graph."""
-    if not graph.nodes_of(Op.GRAPH_DEF):
-        return graph
-    kb = KernelBuilder()
-    vals: dict[int, Any] = {}
-    for node in graph.nodes:
-        if node.op is Op.INPUT:
-            vals[node.outs[0]] = kb.input(graph.types[node.outs[0]])
-        elif node.op is Op.OUTPUT:
-            kb.output(vals[node.ins[0]])
-        else:
-            attrs = node.attr_dict
-            if node.op is Op.GRAPH_DEF:
-                attrs["block"] = fuse_elementwise(attrs["block"])
-            outs = kb.add_node(node.op, tuple(vals[i] for i in node.ins), attrs)
-            vals.update(zip(node.outs, outs))
-    return kb.build()
+    return map_blocks(graph, fuse_elementwise) if graph.nodes_of(Op.GRAPH_DEF) else graph
 
 
 def summarize(graph: KernelGraph) -> str:

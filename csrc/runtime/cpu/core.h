@@ -112,11 +112,14 @@ struct View {
 // A block's tile read in place: the box of a row-major kernel tensor of shape Full that a
 // block sees, with Full's strides. Matmul operands use it instead of a copied Tile, since the
 // copy costs a store and a reload of every element the matmul streams once.
-template <class T, class Sh, class Full>
+// Next: elements from this tile to the one the next loop iteration reads (0: none), which the
+// matmul prefetches as it goes.
+template <class T, class Sh, class Full, i64 Next = 0>
 struct TileRef {
   using value_type = T;
   using shape = Sh;
   static_assert(Sh::rank == Full::rank, "a tile has its tensor's rank");
+  static constexpr i64 next = Next;
   const T* data;
   MJ_INLINE const T* ptr() const { return data; }
   static constexpr i64 stride(int d) { return Full::stride(d); }
@@ -130,14 +133,27 @@ template <class X>
 struct StrideOf {
   static constexpr i64 get(int d) { return shape_of<X>::stride(d); }
 };
-template <class T, class Sh, class Full>
-struct StrideOf<TileRef<T, Sh, Full>> {
+template <class T, class Sh, class Full, i64 Next>
+struct StrideOf<TileRef<T, Sh, Full, Next>> {
   static constexpr i64 get(int d) { return Full::stride(d); }
+  static constexpr i64 next = Next;
 };
 template <class X>
 inline constexpr i64 stride_of(int d) {
   return StrideOf<std::remove_cv_t<std::remove_reference_t<X>>>::get(d);
 }
+
+// Elements ahead an operand's reader should prefetch (a TileRef's next tile; else none).
+template <class X, class = void>
+struct PrefetchOf {
+  static constexpr i64 value = 0;
+};
+template <class X>
+struct PrefetchOf<X, std::void_t<decltype(std::remove_reference_t<X>::next)>> {
+  static constexpr i64 value = std::remove_reference_t<X>::next;
+};
+template <class X>
+inline constexpr i64 prefetch_ahead = PrefetchOf<std::remove_cv_t<std::remove_reference_t<X>>>::value;
 template <class X>
 using value_of = typename std::remove_reference_t<X>::value_type;
 

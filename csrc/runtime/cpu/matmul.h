@@ -49,7 +49,9 @@ MJ_INLINE V vfma(V a, V b, V c) {
   return a * b + c;
 }
 
-template <class T, int MR, int NV, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
+// PF != 0: also prefetch B's lines PF elements ahead (the same place in the next loop
+// iteration's tile), spread over the k loop so the misses overlap the FMAs.
+template <class T, int MR, int NV, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0>
 MJ_INLINE void micro(T* C, const T* A, const T* B) {
   using V = vec_t<T>;
   constexpr int W = lanes<T>;
@@ -62,6 +64,11 @@ MJ_INLINE void micro(T* C, const T* A, const T* B) {
     V b[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) b[v] = vload<V>(B + k * LDB + v * W);
+    if constexpr (PF != 0) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV * W; v += 64 / static_cast<int>(sizeof(T)))
+        __builtin_prefetch(B + k * LDB + v + PF, 0, 2);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const V a = splat<V>(A[r * LDA + k]);
@@ -76,7 +83,7 @@ MJ_INLINE void micro(T* C, const T* A, const T* B) {
 }
 
 // The last NS (< W) columns: scalar accumulators, which g++ may still vectorise.
-template <class T, int MR, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
+template <class T, int MR, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0>
 MJ_INLINE void micro_cols(T* C, const T* A, const T* B) {
   T c[MR][NS];
   for (int r = 0; r < MR; ++r)
@@ -91,30 +98,37 @@ MJ_INLINE void micro_cols(T* C, const T* A, const T* B) {
 }
 
 // All M rows of one column panel, MR rows at a time (NV vectors wide, or NS scalar columns).
-template <class T, i64 M, int NV, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
+// The first row panel prefetches (PF); the others find B in cache.
+template <class T, i64 M, int NV, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0>
 MJ_INLINE void gemm_panel(T* C, const T* A, const T* B) {
   constexpr int MR = Blocking<T, M>::MR;
   constexpr i64 MF = M / MR * MR;
+  constexpr i64 PT = MF > 0 ? 0 : PF;  // the tail prefetches when it is the only panel
   for (i64 i = 0; i < MF; i += MR) {
-    if constexpr (NV > 0) micro<T, MR, NV, K, LDA, LDB, LDC, ACC>(C + i * LDC, A + i * LDA, B);
-    else micro_cols<T, MR, NS, K, LDA, LDB, LDC, ACC>(C + i * LDC, A + i * LDA, B);
+    if constexpr (NV > 0) {
+      if (i == 0) micro<T, MR, NV, K, LDA, LDB, LDC, ACC, PF>(C, A, B);
+      else micro<T, MR, NV, K, LDA, LDB, LDC, ACC>(C + i * LDC, A + i * LDA, B);
+    } else {
+      micro_cols<T, MR, NS, K, LDA, LDB, LDC, ACC>(C + i * LDC, A + i * LDA, B);
+    }
   }
   if constexpr (M > MF) {
     constexpr int MT = static_cast<int>(M - MF);
-    if constexpr (NV > 0) micro<T, MT, NV, K, LDA, LDB, LDC, ACC>(C + MF * LDC, A + MF * LDA, B);
+    if constexpr (NV > 0) micro<T, MT, NV, K, LDA, LDB, LDC, ACC, PT>(C + MF * LDC, A + MF * LDA, B);
     else micro_cols<T, MT, NS, K, LDA, LDB, LDC, ACC>(C + MF * LDC, A + MF * LDA, B);
   }
 }
 
 // C[M, N] (+)= A[M, K] @ B[K, N] over all column panels, for one chunk of K.
-template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
+template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0>
 MJ_INLINE void gemm_chunk(T* C, const T* A, const T* B) {
   static_assert(simd_type<T>, "matmul supports float and double");
   constexpr int W = GemmCfg<T>::W, NV = Blocking<T, M>::NV;
   constexpr i64 NR = NV * W, NF = N / NR * NR;
-  for (i64 j = 0; j < NF; j += NR) gemm_panel<T, M, NV, 0, K, LDA, LDB, LDC, ACC>(C + j, A, B + j);
+  for (i64 j = 0; j < NF; j += NR)
+    gemm_panel<T, M, NV, 0, K, LDA, LDB, LDC, ACC, PF>(C + j, A, B + j);
   constexpr int NVT = static_cast<int>((N - NF) / W);
-  if constexpr (NVT > 0) gemm_panel<T, M, NVT, 0, K, LDA, LDB, LDC, ACC>(C + NF, A, B + NF);
+  if constexpr (NVT > 0) gemm_panel<T, M, NVT, 0, K, LDA, LDB, LDC, ACC, PF>(C + NF, A, B + NF);
   constexpr i64 J = NF + NVT * W;
   if constexpr (N > J)
     gemm_panel<T, M, 0, static_cast<int>(N - J), K, LDA, LDB, LDC, ACC>(C + J, A, B + J);
@@ -126,17 +140,19 @@ MJ_INLINE void gemm_chunk(T* C, const T* A, const T* B) {
 inline constexpr i64 kGemmKC = 64;
 
 // C[M, N] (+)= A[M, K] @ B[K, N] with leading dims LDA, LDB, LDC.
-template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC>
+// PF: see micro.
+template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0>
 MJ_INLINE void gemm(T* C, const T* A, const T* B) {
   constexpr i64 KC = kGemmKC;
   if constexpr (K <= 2 * KC) {
-    gemm_chunk<T, M, N, K, LDA, LDB, LDC, ACC>(C, A, B);
+    gemm_chunk<T, M, N, K, LDA, LDB, LDC, ACC, PF>(C, A, B);
   } else {
     constexpr i64 KF = K / KC * KC;
-    gemm_chunk<T, M, N, KC, LDA, LDB, LDC, ACC>(C, A, B);
+    gemm_chunk<T, M, N, KC, LDA, LDB, LDC, ACC, PF>(C, A, B);
     for (i64 k0 = KC; k0 < KF; k0 += KC)
-      gemm_chunk<T, M, N, KC, LDA, LDB, LDC, true>(C, A + k0, B + k0 * LDB);
-    if constexpr (K > KF) gemm_chunk<T, M, N, K - KF, LDA, LDB, LDC, true>(C, A + KF, B + KF * LDB);
+      gemm_chunk<T, M, N, KC, LDA, LDB, LDC, true, PF>(C, A + k0, B + k0 * LDB);
+    if constexpr (K > KF)
+      gemm_chunk<T, M, N, K - KF, LDA, LDB, LDC, true, PF>(C, A + KF, B + KF * LDB);
   }
 }
 
@@ -171,9 +187,8 @@ MJ_INLINE void matmul_impl(Out& out, const A& a, const B& b) {
   constexpr i64 LDA = stride_of<A>(r - 2), LDB = stride_of<B>(r - 2);
   static_assert(stride_of<A>(r - 1) == 1 && stride_of<B>(r - 1) == 1, "rows must be dense");
   for (i64 t = 0; t < D::batch; ++t)
-    gemm<T, D::M, D::N, D::K, LDA, LDB, D::N, ACC>(out.ptr() + t * D::M * D::N,
-                                                   a.ptr() + batch_offset<A>(t),
-                                                   b.ptr() + batch_offset<B>(t));
+    gemm<T, D::M, D::N, D::K, LDA, LDB, D::N, ACC, prefetch_ahead<B>>(
+        out.ptr() + t * D::M * D::N, a.ptr() + batch_offset<A>(t), b.ptr() + batch_offset<B>(t));
 }
 template <class Out, class A, class B>
 MJ_INLINE void matmul(Out& out, const A& a, const B& b) { matmul_impl<false>(out, a, b); }

@@ -61,19 +61,16 @@ MJ_INLINE void load_tile(Tile<T, TSh>& tile, const U* src, const BlockIdx& b, i6
   }
 }
 
-// The same tile without a copy (see TileRef), prefetching the next iteration's as load_tile.
+// The same tile without a copy (see TileRef). Its reader prefetches the next iteration's tile
+// as it goes (TileRef::next), instead of one burst of prefetches per iteration that stalls
+// the core until the memory system takes them.
+template <class Full, class TSh, int FDim>
+inline constexpr i64 next_tile = FDim >= 0 ? TSh::dims[FDim < 0 ? 0 : FDim] * Full::stride(FDim < 0 ? 0 : FDim) : 0;
+
 template <class Full, class IMap, int FDim, class TSh, class U>
-MJ_INLINE TileRef<U, TSh, Full> tile_ref(const U* src, const BlockIdx& b, i64 it) {
-  if constexpr (FDim >= 0 && MJ_PREFETCH_AHEAD > 0) {
-    constexpr i64 range = Full::dims[FDim] / TSh::dims[FDim];
-    constexpr i64 ahead = MJ_PREFETCH_AHEAD;
-    if (it == 0)
-      for (i64 k = 0; k < ahead && k < range; ++k)
-        prefetch_region<TSh, Full>(src + tile_offset<Full, TSh, IMap, FDim>(b, k));
-    if (it + ahead < range)
-      prefetch_region<TSh, Full>(src + tile_offset<Full, TSh, IMap, FDim>(b, it + ahead));
-  }
-  return TileRef<U, TSh, Full>{src + tile_offset<Full, TSh, IMap, FDim>(b, it)};
+MJ_INLINE TileRef<U, TSh, Full, next_tile<Full, TSh, FDim>> tile_ref(const U* src, const BlockIdx& b,
+                                                                     i64 it) {
+  return {src + tile_offset<Full, TSh, IMap, FDim>(b, it)};
 }
 
 template <class Full, class OMap, int FDim, class T, class TSh>
