@@ -479,3 +479,17 @@ def test_false_acceptance_bound_and_degree():
     spec = FFSpec(trials=3)
     assert false_acceptance_bound(d, spec) == pytest.approx((d / spec.q) ** 3)
     assert false_acceptance_bound(10**12, spec) == 1.0
+
+
+def test_public_entry_is_lazy_and_is_the_search():
+    import subprocess
+    import sys
+
+    import mirage_jax
+    from mirage_jax import search
+
+    assert mirage_jax.superoptimize is search.superoptimize
+    assert mirage_jax.SearchConfig is SearchConfig
+    code = "import sys, mirage_jax; print('egglog' in sys.modules, 'mirage_jax.search' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
