@@ -87,6 +87,13 @@ if _missing:  # pragma: no cover - guards the table against a new Op without a t
     raise RuntimeError(f"ops without a CPU template: {_missing}")
 
 
+def reads_in_place(block: BlockGraph, value: int) -> bool:
+    """Whether an input tile is read where it lies instead of copied: when only matmuls use
+    it (they stream it from the tensor). The cost model prices tiles by the same rule."""
+    users = block.users(value)
+    return bool(users) and all(u.op is Op.MATMUL for u in users)
+
+
 def emit_cpu(graph: KernelGraph, symbol: str) -> str:
     """C++ source defining ``extern "C" int <symbol>(inputs, outputs, pool)`` for ``graph``."""
     if not isinstance(graph, KernelGraph):
@@ -402,11 +409,6 @@ class _BlockEmitter:
             ):
                 self.fused_acc[n.outs[0]] = users[0].outs[0]
 
-    def _read_in_place(self, v: int) -> bool:
-        """An input tile only matmuls read is not copied: they stream it from the tensor."""
-        users = self.g.users(v)
-        return bool(users) and all(u.op is Op.MATMUL for u in users)
-
     def _tile(self, v: int, op: Op) -> str:
         t = self.g.types[v]
         self.decls.append(f"mj::Tile<{_ctype(t, op)}, {_shape(t.shape)}> t{v};")
@@ -430,7 +432,7 @@ class _BlockEmitter:
             full = g.arg_types[arg].shape
             it = "i" if fdim != NONE_DIM else "0"
             tmpl = f"<{_shape(full)}, {_map(node.attr('imap'))}, {fdim}"
-            if self._read_in_place(v):
+            if reads_in_place(g, v):
                 self.name[v] = f"t{v}"
                 stmt = (f"const auto t{v} = mj::tile_ref{tmpl}, {_shape(g.types[v].shape)}>"
                         f"(in{arg}, b, {it});")  # fmt: skip
@@ -502,4 +504,4 @@ _BLOCK_OPS: dict[str, _BlockOp] = {
 }
 
 
-__all__ = ["TABLE", "Template", "emit_cpu"]
+__all__ = ["TABLE", "Template", "emit_cpu", "reads_in_place"]

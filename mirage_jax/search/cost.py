@@ -28,8 +28,8 @@ time = launch + max(memory time, compute time / efficiency) + spill time + overh
 (pre-defined) ops are simple streaming kernels over whole tensors. The constants default to
 the machine this project was measured on (2 cores, ~40 GB/s of streaming reads, AVX-512 FMA at
 ~80 GFLOP/s per core in practice, L1 48 KiB, L2 1 MiB per core, L3 32 MiB); they order
-candidates, the timing step decides. ``benchmarks/cost_model.py`` reports how well the
-model's order matches measurements.
+candidates, the timing step decides. ``benchmarks/search_table.py`` reports how well the
+model's order matches measurements (rank correlation).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mirage_jax.codegen.cpu import reads_in_place
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase
 from mirage_jax.ir.ops import ACCUMULATORS, ELEMENTWISE, REDUCTIONS, Op
 
@@ -159,13 +160,6 @@ def _stream_efficiency(tile: tuple[int, ...], full: tuple[int, ...], itemsize: i
     return min(1.0, run / model.page_bytes) ** 0.1
 
 
-def reads_in_place(block: BlockGraph, value: int) -> bool:
-    """Whether the CPU emitter reads this input tile where it lies instead of copying it:
-    when only matmuls use it (the rule of ``codegen.cpu``)."""
-    users = block.users(value)
-    return bool(users) and all(u.op is Op.MATMUL for u in users)
-
-
 def _op_cost(graph: KernelGraph, node: Node, model: CpuModel) -> KernelCost:
     ins = [graph.types[i] for i in node.ins]
     outs = [graph.types[o] for o in node.outs]
@@ -270,4 +264,4 @@ def working_set(block: BlockGraph) -> int:
 
 
 __all__ = ["DEFAULT_MODEL", "CpuCost", "CpuModel", "KernelCost", "block_cost", "estimate",
-           "reads_in_place", "working_set"]  # fmt: skip
+           "working_set"]  # fmt: skip

@@ -65,11 +65,12 @@ MJ_INLINE void load_tile(Tile<T, TSh>& tile, const U* src, const BlockIdx& b, i6
 // as it goes (TileRef::next), instead of one burst of prefetches per iteration that stalls
 // the core until the memory system takes them.
 template <class Full, class TSh, int FDim>
-inline constexpr i64 next_tile = FDim >= 0 ? TSh::dims[FDim < 0 ? 0 : FDim] * Full::stride(FDim < 0 ? 0 : FDim) : 0;
+inline constexpr i64 next_tile =
+    FDim >= 0 ? TSh::dims[FDim < 0 ? 0 : FDim] * Full::stride(FDim < 0 ? 0 : FDim) : 0;
 
 template <class Full, class IMap, int FDim, class TSh, class U>
-MJ_INLINE TileRef<U, TSh, Full, next_tile<Full, TSh, FDim>> tile_ref(const U* src, const BlockIdx& b,
-                                                                     i64 it) {
+MJ_INLINE TileRef<U, TSh, Full, next_tile<Full, TSh, FDim>> tile_ref(const U* src,
+                                                                     const BlockIdx& b, i64 it) {
   return {src + tile_offset<Full, TSh, IMap, FDim>(b, it)};
 }
 
