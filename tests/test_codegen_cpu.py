@@ -305,7 +305,7 @@ def test_block_forloop_hoisting_and_body_savers(rng: np.random.Generator) -> Non
     source = emit_cpu(g, "k")
     loop_at = source.index("for (mj::i64 i = 0; i < 3; ++i)")
     assert (
-        source.index("load_tile<mj::Shape<1,4>")
+        source.index("tile_view<mj::Shape<1,4>")  # the whole tensor: viewed, not copied
         < loop_at
         < source.index("load_tile<mj::Shape<4,12>")
     )
@@ -502,9 +502,9 @@ def test_symbol_must_be_a_c_identifier() -> None:
 
 
 def test_large_block_frames_use_thread_local_storage() -> None:
-    bb = BlockBuilder((2, 1, 1), 1, (T(512, 256),))
-    x = bb.input_iter(0, (0, N, N))  # a 256 KiB tile, plus the exp result
-    bb.output_saver(bb.apply(Op.EXP, x), (0, N, N))
+    bb = BlockBuilder((2, 1, 1), 1, (T(256, 512),))
+    x = bb.input_iter(0, (1, N, N))  # a 256 KiB column block (strided: copied), plus exp's
+    bb.output_saver(bb.apply(Op.EXP, x), (1, N, N))
     source = emit_cpu(_kernel(bb.build()), "k")
     assert "static thread_local mj::Tile<float, mj::Shape<256,256>> t0;" in source
 
@@ -514,3 +514,49 @@ def test_generated_source_is_deterministic_and_short() -> None:
     a, b = emit_cpu(g, "k"), emit_cpu(g, "k")
     assert a == b
     assert len(a.splitlines()) < 60 and "mj::matmul_acc(" in a
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_reductions_fold_their_elementwise_producer(dtype: DType, rng: np.random.Generator) -> None:
+    """A last-dim reduction of a single-use elementwise value folds it as it is computed (no
+    tile for it), with full, row-broadcast and column-broadcast operands; a value with a
+    second user, or reduced over another dim, is still stored."""
+    bb = BlockBuilder((2, 1, 1), 1, (T(6, 37, dtype=dtype), T(6, 1, dtype=dtype),
+                                     T(1, 37, dtype=dtype)))  # fmt: skip
+    x = bb.input_iter(0, (0, N, N))  # [3, 37]: odd, so vector body and scalar tail both run
+    c = bb.input_iter(1, (0, N, N))  # [3, 1]
+    r = bb.input_iter(2, (N, N, N))  # [1, 37]
+    for op in (Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN, Op.REDUCE_RMS):
+        bb.output_saver(bb.apply(op, bb.apply(Op.MUL, x, x), dim=1), (0, N, N))
+    bb.output_saver(bb.apply(Op.REDUCE_SUM, bb.apply(Op.EXP, bb.apply(Op.SUB, x, c)), dim=1),
+                    (0, N, N))  # fmt: skip
+    shared = bb.apply(Op.MUL, x, r)
+    bb.output_saver(bb.apply(Op.REDUCE_SUM, shared, dim=1), (0, N, N))
+    bb.output_saver(shared, (0, N, N))
+    bb.output_saver(bb.apply(Op.REDUCE_SUM, bb.apply(Op.ADD, x, r), dim=0), (0, N, N))
+    g = _kernel(bb.build())
+    source = emit_cpu(g, "k")
+    assert source.count("mj::map_reduce<") == 5
+    assert "mj::map_reduce<mj::RmsR, mj::Shape<3,37>>" in source
+    assert source.count("mj::reduce<mj::SumR") == 2  # the shared value and the dim-0 sum
+    with _x64(dtype):
+        check(g, [rand(rng, t) for t in g.input_types], tol=4e-6 if dtype is F32 else None)
+
+
+def test_contiguous_tiles_are_views_and_outputs_are_written_in_place(
+    rng: np.random.Generator,
+) -> None:
+    """Row blocks of a row-major tensor are read and written where they lie; column blocks
+    are copied in and stored out."""
+    bb = BlockBuilder((2, 1, 1), 2, (T(2, 6, 10), T(4, 12)))
+    rows = bb.input_iter(0, (0, N, N), 1)  # [1, 3, 10]: contiguous rows of one matrix
+    cols = bb.input_iter(1, (N, N, N), 1)  # [4, 6]: a column block of each row
+    y = bb.apply(Op.TANH, rows)
+    bb.output_saver(y, (0, N, N), fdim=1)
+    bb.output_saver(bb.apply(Op.EXP, cols), (1, N, N), fdim=0)
+    g = _kernel(bb.build())
+    source = emit_cpu(g, "k")
+    view = "tile_view<mj::Shape<2,6,10>, mj::Map<0,-1,-1>, 1, mj::Shape<1,3,10>>"
+    assert f"{view}(in0, b, i)" in source and f"{view}(out0, b, i)" in source
+    assert "load_tile<mj::Shape<4,12>" in source and source.count("store_tile<") == 1
+    check(g, [rand(rng, t) for t in g.input_types], tol=4e-6)

@@ -94,6 +94,13 @@ def reads_in_place(block: BlockGraph, value: int) -> bool:
     return bool(users) and all(u.op is Op.MATMUL for u in users)
 
 
+def is_contiguous_tile(tile: tuple[int, ...], full: tuple[int, ...]) -> bool:
+    """Whether a tile of a row-major tensor is one contiguous run of it: size-1 dims, then
+    at most one split dim, then whole dims. Such a tile is used where it lies (no copy)."""
+    k = next((d for d, n in enumerate(tile) if n != 1), len(tile))
+    return all(tile[d] == full[d] for d in range(k + 1, len(tile)))
+
+
 def emit_cpu(graph: KernelGraph, symbol: str) -> str:
     """C++ source defining ``extern "C" int <symbol>(inputs, outputs, pool)`` for ``graph``."""
     if not isinstance(graph, KernelGraph):
@@ -369,10 +376,14 @@ class _BlockEmitter:
         self.post: list[str] = []
         self.name: dict[int, str] = {}
         self.fused_acc: dict[int, int] = {}  # matmul value -> acc_sum node output it feeds
+        self.fused_map: dict[int, Node] = {}  # elementwise value -> the node producing it
+        self.direct_out: dict[int, Node] = {}  # value computed in its output -> its saver
 
     def source(self) -> str:
         g = self.g
         self._find_matmul_acc()
+        self._find_map_reduce()
+        self._find_direct_outputs()
         savers = 0
         for node in g.nodes:
             self._node(node, savers)
@@ -409,6 +420,51 @@ class _BlockEmitter:
             ):
                 self.fused_acc[n.outs[0]] = users[0].outs[0]
 
+    def _find_map_reduce(self) -> None:
+        """An elementwise value whose only use is a reduction over the last dim is folded as
+        it is computed (mj::map_reduce) instead of stored as a tile and read back."""
+        g = self.g
+        for n in g.nodes:
+            if n.op not in REDUCTIONS:
+                continue
+            x = n.ins[0]
+            p = g.producer(x)
+            if (
+                _group(p.op) in ("map", "thread")
+                and len(g.users(x)) == 1
+                and n.attr("dim") == len(g.types[x].shape) - 1
+                and self.phase[x] is self.phase[n.outs[0]]
+            ):
+                self.fused_map[x] = p
+
+    def _find_direct_outputs(self) -> None:
+        """A value used only by its output saver, whose tile is a contiguous run of the output
+        tensor, is computed straight into the output (no tile, no store)."""
+        g = self.g
+        savers = g.nodes_of(Op.OUTPUT_SAVER)
+        for k, saver in enumerate(savers):
+            v = saver.ins[0]
+            p = g.producer(v)
+            if (
+                _group(p.op) in _DIRECT_WRITERS
+                and len(g.users(v)) == 1
+                and v not in self.fused_acc
+                and is_contiguous_tile(g.types[v].shape, g.output_types[k].shape)
+            ):
+                self.direct_out[v] = saver
+
+    def _output_view(self, v: int) -> str:
+        g = self.g
+        saver = self.direct_out[v]
+        k = g.nodes_of(Op.OUTPUT_SAVER).index(saver)
+        fdim = saver.attr("fdim")
+        it = "i" if self.phase[v] is Phase.BODY and fdim != NONE_DIM else "0"
+        tmpl = (f"<{_shape(g.output_types[k].shape)}, {_map(saver.attr('omap'))}, {fdim}, "
+                f"{_shape(g.types[v].shape)}>")  # fmt: skip
+        self._where(v).append(f"const auto t{v} = mj::tile_view{tmpl}(out{k}, b, {it});")
+        self.name[v] = f"t{v}"
+        return self.name[v]
+
     def _tile(self, v: int, op: Op) -> str:
         t = self.g.types[v]
         self.decls.append(f"mj::Tile<{_ctype(t, op)}, {_shape(t.shape)}> t{v};")
@@ -432,10 +488,13 @@ class _BlockEmitter:
             full = g.arg_types[arg].shape
             it = "i" if fdim != NONE_DIM else "0"
             tmpl = f"<{_shape(full)}, {_map(node.attr('imap'))}, {fdim}"
+            tile = _shape(g.types[v].shape)
             if reads_in_place(g, v):
                 self.name[v] = f"t{v}"
-                stmt = (f"const auto t{v} = mj::tile_ref{tmpl}, {_shape(g.types[v].shape)}>"
-                        f"(in{arg}, b, {it});")  # fmt: skip
+                stmt = f"const auto t{v} = mj::tile_ref{tmpl}, {tile}>(in{arg}, b, {it});"
+            elif is_contiguous_tile(g.types[v].shape, full):
+                self.name[v] = f"t{v}"
+                stmt = f"const auto t{v} = mj::tile_view{tmpl}, {tile}>(in{arg}, b, {it});"
             else:
                 stmt = f"mj::load_tile{tmpl}>({self._tile(v, op)}, in{arg}, b, {it});"
             self._where(v).append(f"{stmt}  // {text}")
@@ -447,20 +506,37 @@ class _BlockEmitter:
             self._accumulator(node, text)
             return
         v = node.outs[0]
+        if v in self.fused_map:
+            return  # computed inside the reduction that uses it
+        if op in REDUCTIONS and node.ins[0] in self.fused_map:
+            self._map_reduce(node, text)
+            return
         ins = [self.name[i] for i in node.ins]
         if v in self.fused_acc:
             acc = self.fused_acc[v]
             self.loop.append(f"mj::matmul_acc(a{acc}.out, {ins[0]}, {ins[1]});  // {text}")
             return
-        out = self._tile(v, op)
+        out = self._output_view(v) if v in self.direct_out else self._tile(v, op)
         emit = _BLOCK_OPS.get(_group(op))
         if emit is None:
             raise CompileError(f"CPU backend: {op.value} is not supported in a block graph")
         self._where(v).append(f"{emit(self, node, out, ins)};  // {text}")
 
+    def _map_reduce(self, node: Node, text: str) -> None:
+        g, v, x = self.g, node.outs[0], node.ins[0]
+        p = self.fused_map[x]
+        f = _thread_lambda(p.attr("graph")) if p.op is Op.THREAD else _functor(p, g.types)
+        ins = ", ".join(self.name[i] for i in p.ins)
+        out = self._tile(v, node.op)
+        stmt = (f"mj::map_reduce<{TABLE[node.op].functor}, {_shape(g.types[x].shape)}>"
+                f"({out}, {f}, {ins});")  # fmt: skip
+        self._where(v).append(f"{stmt}  // {text} of {_node_text(g, p)}")
+
     def _saver(self, node: Node, k: int, text: str) -> None:
         g = self.g
         v = node.ins[0]
+        if v in self.direct_out:
+            return  # its producer wrote it in place
         fdim = node.attr("fdim")
         full = g.output_types[k].shape
         body = self.phase[v] is Phase.BODY
@@ -489,6 +565,9 @@ class _BlockEmitter:
             self.loop.append(f"a{v}.update({args});  // {text}")
         self.post.append(f"a{v}.finish();")
 
+
+# Block ops whose runtime entry writes any dense row-major output (a Tile or a View).
+_DIRECT_WRITERS = ("map", "thread", "matmul", "concat")
 
 _BlockOp = Callable[[_BlockEmitter, Node, str, list[str]], str]
 _BLOCK_OPS: dict[str, _BlockOp] = {

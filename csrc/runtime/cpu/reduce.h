@@ -36,32 +36,49 @@ struct RmsR : SumR {
   template <class T> static MJ_INLINE T finish(T a, i64 n) { return fm::sqrt(a / T(n)); }
 };
 
+// One operand of a fused row (fold_row_of): a row of N contiguous values, or one value that
+// broadcasts along the row.
+template <class T, bool Bcast>
+struct RowOperand {
+  const T* p;
+  template <class V>
+  MJ_INLINE V vec(i64 j) const {
+    if constexpr (Bcast) return splat<V>(p[0]);
+    else return vload<V>(p + j);
+  }
+  MJ_INLINE T at(i64 j) const { return Bcast ? p[0] : p[j]; }
+};
+
+// Fold f(x...) over a row of N elements without storing f's values. Four vector accumulators
+// hide the latency of the reducer's step (a single chain runs at one vector per 3-4 cycles);
+// they combine in a fixed order, so the result is deterministic.
+template <class R, i64 N, class T, class F, class... X>
+MJ_INLINE T fold_row_of(const F& f, const X&... x) {
+  T acc = R::template init<T>();
+  i64 j = 0;
+  if constexpr (simd_type<T> && !is_scalar_only<F>::value && N >= lanes<T>) {
+    using V = vec_t<T>;
+    constexpr i64 W = lanes<T>;
+    V a0 = splat<V>(acc), a1 = a0, a2 = a0, a3 = a0;
+    for (; j + 4 * W <= N; j += 4 * W) {
+      a0 = R::step(a0, f(x.template vec<V>(j)...));
+      a1 = R::step(a1, f(x.template vec<V>(j + W)...));
+      a2 = R::step(a2, f(x.template vec<V>(j + 2 * W)...));
+      a3 = R::step(a3, f(x.template vec<V>(j + 3 * W)...));
+    }
+    for (; j + W <= N; j += W) a0 = R::step(a0, f(x.template vec<V>(j)...));
+    a0 = R::combine(R::combine(a0, a1), R::combine(a2, a3));
+    acc = a0[0];
+    for (int l = 1; l < W; ++l) acc = R::combine(acc, a0[l]);
+  }
+  for (; j < N; ++j) acc = R::step(acc, static_cast<T>(f(x.at(j)...)));
+  return acc;
+}
+
 // Fold N contiguous elements.
 template <class R, i64 N, class T>
 MJ_INLINE T fold_row(const T* x) {
-  if constexpr (simd_type<T> && N >= 2 * lanes<T>) {
-    using V = vec_t<T>;
-    constexpr i64 W = lanes<T>;
-    V a0 = splat<V>(R::template init<T>()), a1 = a0;
-    i64 j = 0;
-    for (; j + 2 * W <= N; j += 2 * W) {
-      a0 = R::step(a0, vload<V>(x + j));
-      a1 = R::step(a1, vload<V>(x + j + W));
-    }
-    if (j + W <= N) {
-      a0 = R::step(a0, vload<V>(x + j));
-      j += W;
-    }
-    a0 = R::combine(a0, a1);
-    T acc = a0[0];
-    for (int l = 1; l < W; ++l) acc = R::combine(acc, a0[l]);
-    for (; j < N; ++j) acc = R::step(acc, x[j]);
-    return acc;
-  } else {
-    T acc = R::template init<T>();
-    for (i64 j = 0; j < N; ++j) acc = R::step(acc, x[j]);
-    return acc;
-  }
+  return fold_row_of<R, N, T>(op::Identity{}, RowOperand<T, false>{x});
 }
 
 // Rows [a0, a1) of out[A, B] (+)= reduce_n in[A, N, B]; ACC folds into out's current values
@@ -111,6 +128,34 @@ MJ_INLINE void reduce(Out& out, const In& in) {
   static_assert(shape_of<Out>::size == D::A * D::B, "reduction output shape");
   fold_rows<R, D::N, D::B, false>(out.ptr(), in.ptr(), 0, D::A);
   finish_all<R, D::N>(out.ptr(), 0, D::A * D::B);
+}
+
+// The operand of row a of a fused reduction over the last dim of Full: In broadcasts to Full
+// (numpy rules, equal ranks), so its row is either N values or one value.
+template <class Full, class In, class T>
+MJ_INLINE auto row_operand(const T* x, i64 a) {
+  constexpr int r = Full::rank;
+  constexpr bool bcast = In::dims[r - 1] == 1 && Full::dims[r - 1] != 1;
+  i64 off = 0;
+  for (int d = r - 2; d >= 0; --d) {
+    const i64 idx = a % Full::dims[d];
+    a /= Full::dims[d];
+    if (In::dims[d] != 1) off += idx * In::stride(d);
+  }
+  return RowOperand<T, bcast>{x + off};
+}
+
+// Block level: out = reduce over the last dim of f(in...), f's values never stored. Full is
+// the shape of f's result; every `in` broadcasts to it.
+template <class R, class Full, class Out, class F, class... In>
+MJ_INLINE void map_reduce(Out& out, const F& f, const In&... in) {
+  using T = value_of<Out>;
+  constexpr i64 N = Full::dims[Full::rank - 1];
+  static_assert(shape_of<Out>::size * N == Full::size, "fused reduction output shape");
+  T* o = out.ptr();
+  for (i64 a = 0; a < shape_of<Out>::size; ++a)
+    o[a] = fold_row_of<R, N, T>(f, row_operand<Full, shape_of<In>>(in.ptr(), a)...);
+  finish_all<R, N>(o, 0, shape_of<Out>::size);
 }
 
 // Accumulator update: out (+)= reduce over dim Dim of in, without finish.

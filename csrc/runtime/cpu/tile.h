@@ -74,6 +74,13 @@ MJ_INLINE TileRef<U, TSh, Full, next_tile<Full, TSh, FDim>> tile_ref(const U* sr
   return {src + tile_offset<Full, TSh, IMap, FDim>(b, it)};
 }
 
+// A tile that is one contiguous run of its tensor (size-1 dims, then one split dim, then
+// whole dims) is already a dense row-major array: a view of it replaces the copy.
+template <class Full, class IMap, int FDim, class TSh, class U>
+MJ_INLINE View<U, TSh> tile_view(U* base, const BlockIdx& b, i64 it) {
+  return View<U, TSh>(base + tile_offset<Full, TSh, IMap, FDim>(b, it));
+}
+
 template <class Full, class OMap, int FDim, class T, class TSh>
 MJ_INLINE void store_tile(T* dst, const Tile<T, TSh>& tile, const BlockIdx& b, i64 it) {
   copy_region<TSh, Full, TSh>(dst + tile_offset<Full, TSh, OMap, FDim>(b, it), tile.data);
