@@ -154,6 +154,14 @@ struct PrefetchOf<X, std::void_t<decltype(std::remove_reference_t<X>::next)>> {
 };
 template <class X>
 inline constexpr i64 prefetch_ahead = PrefetchOf<std::remove_cv_t<std::remove_reference_t<X>>>::value;
+// Whether an operand is read where it lies in a kernel tensor (a TileRef), i.e. streamed from
+// memory rather than from a tile in cache.
+template <class X, class = void>
+struct InPlace : std::false_type {};
+template <class X>
+struct InPlace<X, std::void_t<decltype(std::remove_reference_t<X>::next)>> : std::true_type {};
+template <class X>
+inline constexpr bool in_place = InPlace<std::remove_cv_t<std::remove_reference_t<X>>>::value;
 template <class X>
 using value_of = typename std::remove_reference_t<X>::value_type;
 
