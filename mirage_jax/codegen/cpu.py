@@ -377,7 +377,7 @@ class _BlockEmitter:
         self.name: dict[int, str] = {}
         self.fused_acc: dict[int, int] = {}  # matmul value -> acc_sum node output it feeds
         self.fused_map: dict[int, Node] = {}  # elementwise value -> the node producing it
-        self.direct_out: dict[int, Node] = {}  # value computed in its output -> its saver
+        self.direct_out: dict[int, int] = {}  # value computed in its output -> saver number
 
     def source(self) -> str:
         g = self.g
@@ -451,17 +451,20 @@ class _BlockEmitter:
                 and v not in self.fused_acc
                 and is_contiguous_tile(g.types[v].shape, g.output_types[k].shape)
             ):
-                self.direct_out[v] = saver
+                self.direct_out[v] = k
+
+    def _saver_args(self, k: int) -> tuple[str, str]:
+        """The <Full, OMap, FDim> of saver k's tile and its loop-iteration argument."""
+        saver = self.g.nodes_of(Op.OUTPUT_SAVER)[k]
+        full = self.g.output_types[k].shape
+        tmpl = f"<{_shape(full)}, {_map(saver.attr('omap'))}, {saver.attr('fdim')}"
+        return tmpl, "i" if self.phase[saver.ins[0]] is Phase.BODY else "0"
 
     def _output_view(self, v: int) -> str:
-        g = self.g
-        saver = self.direct_out[v]
-        k = g.nodes_of(Op.OUTPUT_SAVER).index(saver)
-        fdim = saver.attr("fdim")
-        it = "i" if self.phase[v] is Phase.BODY and fdim != NONE_DIM else "0"
-        tmpl = (f"<{_shape(g.output_types[k].shape)}, {_map(saver.attr('omap'))}, {fdim}, "
-                f"{_shape(g.types[v].shape)}>")  # fmt: skip
-        self._where(v).append(f"const auto t{v} = mj::tile_view{tmpl}(out{k}, b, {it});")
+        k = self.direct_out[v]
+        tmpl, it = self._saver_args(k)
+        tile = _shape(self.g.types[v].shape)
+        self._where(v).append(f"const auto t{v} = mj::tile_view{tmpl}, {tile}>(out{k}, b, {it});")
         self.name[v] = f"t{v}"
         return self.name[v]
 
@@ -533,16 +536,12 @@ class _BlockEmitter:
         self._where(v).append(f"{stmt}  // {text} of {_node_text(g, p)}")
 
     def _saver(self, node: Node, k: int, text: str) -> None:
-        g = self.g
         v = node.ins[0]
         if v in self.direct_out:
             return  # its producer wrote it in place
-        fdim = node.attr("fdim")
-        full = g.output_types[k].shape
-        body = self.phase[v] is Phase.BODY
-        stmt = (f"mj::store_tile<{_shape(full)}, {_map(node.attr('omap'))}, {fdim}>"
-                f"(out{k}, {self.name[v]}, b, {'i' if body else '0'});")  # fmt: skip
-        (self.loop if body else self.post).append(f"{stmt}  // {text}")
+        tmpl, it = self._saver_args(k)
+        stmt = f"mj::store_tile{tmpl}>(out{k}, {self.name[v]}, b, {it});"
+        (self.loop if self.phase[v] is Phase.BODY else self.post).append(f"{stmt}  // {text}")
 
     def _accumulator(self, node: Node, text: str) -> None:
         g, op = self.g, node.op

@@ -136,32 +136,30 @@ struct StrideOf {
 template <class T, class Sh, class Full, i64 Next>
 struct StrideOf<TileRef<T, Sh, Full, Next>> {
   static constexpr i64 get(int d) { return Full::stride(d); }
-  static constexpr i64 next = Next;
 };
 template <class X>
 inline constexpr i64 stride_of(int d) {
   return StrideOf<std::remove_cv_t<std::remove_reference_t<X>>>::get(d);
 }
 
-// Elements ahead an operand's reader should prefetch (a TileRef's next tile; else none).
-template <class X, class = void>
-struct PrefetchOf {
-  static constexpr i64 value = 0;
-};
-template <class X>
-struct PrefetchOf<X, std::void_t<decltype(std::remove_reference_t<X>::next)>> {
-  static constexpr i64 value = std::remove_reference_t<X>::next;
-};
-template <class X>
-inline constexpr i64 prefetch_ahead = PrefetchOf<std::remove_cv_t<std::remove_reference_t<X>>>::value;
-// Whether an operand is read where it lies in a kernel tensor (a TileRef), i.e. streamed from
-// memory rather than from a tile in cache.
+// A TileRef (it has `next`): an operand read where it lies in a kernel tensor, i.e. streamed
+// from memory rather than from a tile in cache.
 template <class X, class = void>
 struct InPlace : std::false_type {};
 template <class X>
-struct InPlace<X, std::void_t<decltype(std::remove_reference_t<X>::next)>> : std::true_type {};
+struct InPlace<X, std::void_t<decltype(X::next)>> : std::true_type {};
 template <class X>
 inline constexpr bool in_place = InPlace<std::remove_cv_t<std::remove_reference_t<X>>>::value;
+
+// Elements ahead an operand's reader should prefetch (a TileRef's next tile; else none).
+template <class X>
+constexpr i64 prefetch_ahead_of() {
+  using Y = std::remove_cv_t<std::remove_reference_t<X>>;
+  if constexpr (in_place<Y>) return Y::next;
+  else return 0;
+}
+template <class X>
+inline constexpr i64 prefetch_ahead = prefetch_ahead_of<X>();
 template <class X>
 using value_of = typename std::remove_reference_t<X>::value_type;
 
