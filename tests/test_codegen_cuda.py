@@ -44,6 +44,7 @@ from mirage_jax.ir import (
     Op,
     TensorType,
     ThreadBuilder,
+    copy_into,
 )
 from mirage_jax.runtime import cuda as rt
 from mirage_jax.search import gpu_cost
@@ -251,15 +252,7 @@ def combine(graphs: list[KernelGraph]) -> KernelGraph:
     """Several kernel graphs as one: their inputs and outputs concatenated in order."""
     kb = KernelBuilder()
     for g in graphs:
-        values = {}
-        for n in g.nodes:
-            if n.op is Op.INPUT:
-                values[n.outs[0]] = kb.input(g.types[n.outs[0]])
-            elif n.op is Op.OUTPUT:
-                kb.output(values[n.ins[0]])
-            else:
-                outs = kb.add_node(n.op, tuple(values[i] for i in n.ins), n.attr_dict)
-                values.update(zip(n.outs, outs))
+        copy_into(kb, g)
     return kb.build()
 
 

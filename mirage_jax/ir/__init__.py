@@ -13,6 +13,7 @@ from mirage_jax.ir.graph import (
     ThreadBuilder,
     ThreadGraph,
     Value,
+    copy_into,
     map_blocks,
     node_phase,
     rebuild,
@@ -38,6 +39,6 @@ __all__ = [
     "ACCUMULATORS", "BF16", "BINARY", "ELEMENTWISE", "F16", "F32", "F64", "LAYOUT", "NONE_DIM",
     "OP_INFO", "REDUCTIONS", "SCALAR_UNARY", "UNARY", "BlockBuilder", "BlockContext",
     "BlockGraph", "DType", "Graph", "KernelBuilder", "KernelGraph", "Level", "Node", "Op",
-    "Phase", "TensorType", "ThreadBuilder", "ThreadGraph", "Value", "fingerprint", "map_blocks", "node_phase",
-    "parse", "rebuild", "to_text",
+    "Phase", "TensorType", "ThreadBuilder", "ThreadGraph", "Value", "copy_into", "fingerprint",
+    "map_blocks", "node_phase", "parse", "rebuild", "to_text",
 ]  # fmt: skip

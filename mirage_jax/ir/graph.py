@@ -418,10 +418,12 @@ def rebuild(graph: Graph) -> Graph:
     return parse(to_text(graph))
 
 
-def map_blocks(graph: KernelGraph, fn: Callable[[BlockGraph], BlockGraph]) -> KernelGraph:
-    """``graph`` with the block graph of every graph-defined kernel replaced by ``fn`` of it
-    (rebuilt, so every check runs on the result)."""
-    kb = KernelBuilder()
+def copy_into(
+    kb: KernelBuilder, graph: KernelGraph,
+    block_fn: Callable[[BlockGraph], BlockGraph] | None = None,
+) -> None:  # fmt: skip
+    """Append ``graph`` to ``kb``: its inputs and outputs after those already there, and the
+    block graph of every graph-defined kernel replaced by ``block_fn`` of it when given."""
     vals: dict[int, Value] = {}
     for node in graph.nodes:
         if node.op is Op.INPUT:
@@ -430,14 +432,22 @@ def map_blocks(graph: KernelGraph, fn: Callable[[BlockGraph], BlockGraph]) -> Ke
             kb.output(vals[node.ins[0]])
         else:
             attrs = node.attr_dict
-            if node.op is Op.GRAPH_DEF:
-                attrs["block"] = fn(attrs["block"])
+            if node.op is Op.GRAPH_DEF and block_fn is not None:
+                attrs["block"] = block_fn(attrs["block"])
             outs = kb.add_node(node.op, tuple(vals[i] for i in node.ins), attrs)
             vals.update(zip(node.outs, outs))
+
+
+def map_blocks(graph: KernelGraph, fn: Callable[[BlockGraph], BlockGraph]) -> KernelGraph:
+    """``graph`` with the block graph of every graph-defined kernel replaced by ``fn`` of it
+    (rebuilt, so every check runs on the result)."""
+    kb = KernelBuilder()
+    copy_into(kb, graph, fn)
     return kb.build()
 
 
 __all__ = [
     "Attrs", "BlockBuilder", "BlockGraph", "Graph", "KernelBuilder", "KernelGraph", "Node",
-    "Phase", "ThreadBuilder", "ThreadGraph", "Value", "map_blocks", "node_phase", "rebuild",
+    "Phase", "ThreadBuilder", "ThreadGraph", "Value", "copy_into", "map_blocks", "node_phase",
+    "rebuild",
 ]  # fmt: skip
