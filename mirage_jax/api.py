@@ -154,10 +154,28 @@ def _build_plan(
     for p in regions:
         log.info("%s", p.describe())
 
+    if not impls:
+        return Plan(program, regions, _xla_call(fn, args, static_argnums))
+
     def run(*dynamic: Any) -> Any:
         return program.run(*dynamic, region_impls=impls)
 
     return Plan(program, regions, jax.jit(run))
+
+
+def _xla_call(fn: Callable[..., Any], args: Sequence[Any], static_argnums: tuple[int, ...]
+              ) -> Callable[..., Any]:  # fmt: skip
+    """The function exactly as ``jax.jit`` compiles it, called with the dynamic arguments:
+    what a plan that replaces no region runs, so that it costs what XLA costs."""
+    xla = jax.jit(fn, static_argnums=static_argnums)
+    static = {i: args[i] for i in static_argnums}
+
+    def call(*dynamic: Any) -> Any:
+        rest = iter(dynamic)
+        full = [static[i] if i in static else next(rest) for i in range(len(args))]
+        return xla(*full)
+
+    return call
 
 
 __all__ = ["Optimized", "OptimizeOptions", "explain", "optimize"]

@@ -90,6 +90,7 @@ class SearchConfig:
     float_check: bool = True
     # ranking
     top_k_timed: int = 4
+    timing_rounds: int = 3  # rounds over the shortlist; each candidate keeps its best
     time_candidates: bool = True
     # parallelism
     workers: int = 2
@@ -108,7 +109,8 @@ class SearchConfig:
             if value is not None:
                 object.__setattr__(self, name, tuple(tuple(int(x) for x in m) for m in value))
         positive = ("max_kernel_ops", "max_graph_def_inputs", "max_blocks",
-                    "trials", "workers", "max_states", "max_forloop_candidates")  # fmt: skip
+                    "trials", "workers", "max_states", "max_forloop_candidates",
+                    "timing_rounds")  # fmt: skip
         if self.max_block_ops is not None and self.max_block_ops < 1:
             raise SearchError(f"SearchConfig.max_block_ops must be >= 1, got {self.max_block_ops}")
         for name in positive:

@@ -110,6 +110,22 @@ def test_slower_region_stays_with_xla_and_explain_says_so(monkeypatch):
     assert "slower than XLA (0.50x), kept with XLA" in f.explain(x)
 
 
+def test_a_plan_that_replaces_nothing_calls_jax_jit_of_the_function(monkeypatch):
+    monkeypatch.setattr(lowering, "compare", lambda cand, base, args: (2e-3, 1e-3))
+
+    def user_fn(x, scale):
+        return jnp.exp(x) * scale
+
+    f = mj.optimize(user_fn, strategy="as_is", cache=False, static_argnums=1)
+    x = np.ones((8, 8), np.float32)
+    for scale in (0.5, 2.0):
+        _close(f(x, scale), np.exp(x) * scale)
+    plan = f.plan(x, 2.0)
+    assert plan.regions[0].impl is None
+    # the same computation XLA gets from jax.jit(user_fn), not a re-evaluation of the jaxpr
+    assert "@user_fn" in jax.jit(plan.jitted).lower(x).as_text()
+
+
 def test_xla_strategy_and_bad_options():
     f = mj.optimize(lambda x: jnp.exp(x), strategy="xla")
     assert "strategy 'xla'" in f.explain(np.ones(3, np.float32))
