@@ -364,12 +364,17 @@ def test_report_counts_every_stage_and_reads_well():
     assert r.best_text == str(result.best)
 
 
+def fake_seconds(g):
+    """Deterministic fake timings: the fewer kernels, the faster."""
+    return 1e-3 * (1 + len(kernel_compute(g)) + len(g.nodes) * 1e-3)
+
+
 def test_winner_needs_to_beat_the_baseline():
     target = target_of("lora")
     times = {}
 
-    def timer(g):  # deterministic fake timings: the fewer kernels, the faster
-        times[str(g)] = 1e-3 * (1 + len(kernel_compute(g)) + len(g.nodes) * 1e-3)
+    def timer(g):
+        times[str(g)] = fake_seconds(g)
         return times[str(g)]
 
     cfg = fast_config(max_tasks=2, max_verify=3, top_k_timed=3)
@@ -389,29 +394,26 @@ def test_timing_rounds_keep_each_candidates_best_round():
     # the truly fastest candidate is hit by a slow spell of the machine on its first timing:
     # one round ranks it last, three interleaved rounds recover it
     target = target_of("lora")
+    shortlist = superoptimize(target, fast_config(max_tasks=2, max_verify=3),
+                              executor=InlineExecutor(), timer=lambda g: None).verified[:3]
+    fastest = min(fake_seconds(c.graph) for c in shortlist)
 
     def run(rounds):
         calls = {}
 
         def timer(g):
-            key = str(g)
-            calls[key] = calls.get(key, 0) + 1
-            true = 1e-3 * (1 + len(kernel_compute(g)) + len(g.nodes) * 1e-3)
-            spell = 100.0 if calls[key] == 1 and true == fastest[0] else 1.0
-            return true * spell
+            calls[str(g)] = calls.get(str(g), 0) + 1
+            true = fake_seconds(g)
+            return true * (100.0 if calls[str(g)] == 1 and true == fastest else 1.0)
 
         cfg = fast_config(max_tasks=2, max_verify=3, top_k_timed=3, timing_rounds=rounds)
         return superoptimize(target, cfg, executor=InlineExecutor(), timer=timer), calls
 
-    shortlist = superoptimize(target, fast_config(max_tasks=2, max_verify=3),
-                              executor=InlineExecutor(), timer=lambda g: None).verified[:3]
-    fastest = [min(1e-3 * (1 + len(kernel_compute(c.graph)) + len(c.graph.nodes) * 1e-3)
-                   for c in shortlist)]  # fmt: skip
     one, _ = run(1)
     three, calls = run(3)
     assert sorted(calls.values()) == [3, 3, 3]
-    assert three.report.best_measured_s == fastest[0]
-    assert one.report.best_measured_s > fastest[0]
+    assert three.report.best_measured_s == fastest
+    assert one.report.best_measured_s > fastest
 
 
 def test_no_graph_defs_and_nothing_found_keeps_the_target():

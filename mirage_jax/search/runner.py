@@ -617,10 +617,9 @@ class _Search:
         other tenants) cannot rank one candidate against another measured at a better time.
         A candidate that fails or cannot run is not timed again."""
         best: list[float | None] = [None] * len(shortlist)
-        alive = [True] * len(shortlist)
         for rnd in range(self.config.timing_rounds):
             for i, c in enumerate(shortlist):
-                if not alive[i]:
+                if rnd and best[i] is None:  # failed or could not run in the first round
                     continue
                 if (rnd or i) and time.time() > self.deadline:
                     self.report.notes.append("timing stopped by the time budget")
@@ -630,10 +629,8 @@ class _Search:
                 except MirageError as err:
                     self.report.notes.append(f"timing failed: {err.cause}")
                     s = None
-                if s is None:
-                    alive[i] = False
-                    continue
-                best[i] = s if best[i] is None else min(best[i], s)
+                if s is not None:
+                    best[i] = s if best[i] is None else min(best[i], s)
         return self._timed(shortlist, best)
 
     @staticmethod
