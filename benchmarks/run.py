@@ -6,7 +6,8 @@
 For every program and batch size: jax.jit median time, mirage_jax.optimize median time, the
 speedup, this machine's roofline floor (max of bytes / measured memory bandwidth and flops /
 measured matmul rate), the fraction of the floor each reaches, the cold planning time (trace,
-search, compile, verify, time; empty cache) and the planning time from the on-disk cache.
+search, compile, verify, time; empty cache), the planning time from the on-disk cache, and
+the share of CPU time the hypervisor stole while the case was timed (a noisy-neighbour flag).
 """
 
 from __future__ import annotations
@@ -74,6 +75,26 @@ def program_cost(program: suite.Program, args: list) -> tuple[float, float]:
     return float(nbytes), flops
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from /proc/stat, or None off Linux.
+
+    On a shared virtual machine another tenant can take the cores for a while: the steal
+    share during a case's timing says whether its ratio was measured on a quiet machine.
+    """
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    ticks = [int(f) for f in fields]
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks[:8])
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, floors) -> dict:
     bw, rate = floors
     inputs = [jax.device_put(x) for x in suite.make_inputs(program, seed=0)]
@@ -96,7 +117,9 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, flo
     xla = jax.jit(program.fn)
     got, want = np.asarray(fast(*args)), np.asarray(xla(*args))
     err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+    ticks = cpu_ticks()
     t_mj, t_xla = compare(fast, xla, args, rounds=args_ns.rounds, budget_s=0.5)
+    steal = steal_share(ticks, cpu_ticks())
     search_s = sum(
         getattr(p.search_report, "elapsed_s", 0.0) or 0.0 for p in plan.regions if p.search_report
     )
@@ -104,23 +127,29 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, flo
         "program": program.name, "bs": bs, "xla_s": t_xla, "mirage_s": t_mj,
         "speedup": t_xla / t_mj, "floor_s": floor, "xla_of_floor": t_xla / floor,
         "mirage_of_floor": t_mj / floor, "plan_cold_s": cold, "plan_cached_s": warm,
-        "search_s": search_s, "max_rel_err": err,
+        "search_s": search_s, "max_rel_err": err, "steal": steal,
         "regions": [p.describe() for p in plan.regions],
     }  # fmt: skip
 
 
 def print_table(rows: list[dict]) -> None:
     head = (f"{'program':16} {'bs':>2} {'jax.jit':>10} {'mirage':>10} {'speedup':>8} "
-            f"{'floor':>10} {'xla/fl':>7} {'mj/fl':>7} {'cold':>7} {'cached':>7}")  # fmt: skip
+            f"{'floor':>10} {'xla/fl':>7} {'mj/fl':>7} {'cold':>7} {'cached':>7} "
+            f"{'steal':>6}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['program']:16} {r['bs']:>2} {r['xla_s']*1e3:>8.3f}ms {r['mirage_s']*1e3:>8.3f}ms "
               f"{r['speedup']:>7.2f}x {r['floor_s']*1e3:>8.3f}ms {r['xla_of_floor']:>7.2f} "
-              f"{r['mirage_of_floor']:>7.2f} {r['plan_cold_s']:>6.1f}s {r['plan_cached_s']:>6.2f}s")
+              f"{r['mirage_of_floor']:>7.2f} {r['plan_cold_s']:>6.1f}s {r['plan_cached_s']:>6.2f}s "
+              f"{_percent(r.get('steal')):>6}")
     speedups = [r["speedup"] for r in rows]
     geo = math.exp(statistics.mean(math.log(s) for s in speedups))
     print(f"\ngeomean speedup over jax.jit: {geo:.2f}x; min {min(speedups):.2f}x")
+
+
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def draw_chart(rows: list[dict], path: str) -> None:
