@@ -28,8 +28,8 @@ time = launch + max(memory time, compute time / efficiency) + spill time + overh
 (pre-defined) ops are simple streaming kernels over whole tensors. The constants default to
 the machine this project is measured on (2 cores of an AMD EPYC Zen 5, ~40 GB/s of streaming
 reads, AVX-512 with two FMA pipes: the runtime's micro-kernel reaches ~230 GFLOP/s per core in
-cache, L1 48 KiB, L2 1 MiB per core, L3 32 MiB); they order
-candidates, the timing step decides. ``benchmarks/search_table.py`` reports how well the
+cache, L1 48 KiB, L2 1 MiB per core, L3 32 MiB); they order candidates, the timing step
+decides. ``benchmarks/search_table.py`` reports how well the
 model's order matches measurements (rank correlation).
 """
 
@@ -42,9 +42,11 @@ from mirage_jax.codegen.cpu import reads_in_place
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase
 from mirage_jax.ir.ops import ACCUMULATORS, ELEMENTWISE, REDUCTIONS, Op
 
-# Element operations per element of the ops that cost more than one vector op, from the
-# runtime's float32 kernels (math.h) measured on 16 KiB rows in L1 on the 2-core Zen 5 against
-# a multiply: exp 3.9, tanh 2.5, sqrt-then-divide 9, divide 24 G elements/s per core.
+# Element operations per element of the ops that cost more than one vector op. Measured with
+# the runtime's float32 kernels (math.h) on 16 KiB rows in L1 on the 2-core Zen 5, against a
+# multiply at 53 G elements/s per core: exp 3.9, tanh 2.5, sqrt-then-divide 9, divide 24. The
+# others are composed from those (sigmoid and silu: an exp and a divide; log like exp; erf and
+# gelu like tanh; pow: a log and an exp), not measured.
 _ELEMENT_OPS = {
     Op.EXP: 8.0, Op.LOG: 8.0, Op.SIGMOID: 9.0, Op.SILU: 9.0, Op.TANH: 12.0, Op.ERF: 12.0,
     Op.GELU: 13.0, Op.POW_SCALAR: 16.0, Op.SQRT: 3.0, Op.RSQRT: 3.0, Op.DIV: 1.25,
@@ -126,7 +128,7 @@ def estimate(graph: KernelGraph, model: CpuModel = DEFAULT_MODEL) -> CpuCost:
     )  # fmt: skip
 
 
-def _elem_cost(op: Op, size: int, model: CpuModel) -> float:
+def _elem_cost(op: Op, size: int) -> float:
     """Element-ops of one elementwise/reduction op over ``size`` elements."""
     return size * _ELEMENT_OPS.get(op, 1.0)
 
@@ -151,7 +153,7 @@ def _matmul_rate(m: int, n: int, model: CpuModel) -> float:
     vecs = math.ceil(n / lanes)
     nv = max(1, min(vecs, regs // mr, 8))
     fma_cycles = mr * nv / 2
-    load_cycles = nv * model.simd_lanes * 4 / model.l2_stream_bytes_per_cycle
+    load_cycles = nv * lanes * 4 / model.l2_stream_bytes_per_cycle  # float32 vectors of B
     eff = fma_cycles / max(fma_cycles, load_cycles, 4)
     rows = m / (math.ceil(m / mr) * mr)
     cols = n / (vecs * lanes)
@@ -180,7 +182,7 @@ def _op_cost(graph: KernelGraph, node: Node, model: CpuModel) -> KernelCost:
         flops = 2.0 * outs[0].size // n * n * k
         compute = flops / (model.cores * _matmul_rate(m, n, model))
     else:
-        flops = _elem_cost(node.op, max(t.size for t in ins + outs), model)
+        flops = _elem_cost(node.op, max(t.size for t in ins + outs))
         compute = flops / (model.cores * model.vector_elems)
     t = model.launch_s + max(nbytes / model.mem_bytes_per_s, compute)
     return KernelCost(node.op.value, t, nbytes, flops)
@@ -199,11 +201,11 @@ def _node_flops(block: BlockGraph, node: Node, model: CpuModel) -> tuple[float, 
         inner = node.attr("graph")
         size = types[node.outs[0]].size
         ops = [n.op for n in inner.nodes if n.op in ELEMENTWISE]
-        work = sum(_elem_cost(op, size, model) for op in ops)
+        work = sum(_elem_cost(op, size) for op in ops)
         return float(len(ops) * size), work / model.vector_elems
     if node.op in ELEMENTWISE or node.op in REDUCTIONS or node.op in ACCUMULATORS:
         size = max(types[i].size for i in node.ins)
-        work = _elem_cost(node.op, size, model)
+        work = _elem_cost(node.op, size)
         return float(size), work / model.vector_elems
     return 0.0, 0.0
 
