@@ -124,7 +124,7 @@ def compile_shared_library(
         _count("cache_hits")
         return CompiledLibrary(lib_path, key)
     lib_path.parent.mkdir(parents=True, exist_ok=True)
-    with _key_lock(lib_path.with_suffix(".lock")):
+    with key_lock(lib_path.with_suffix(".lock")):
         if lib_path.is_file():  # another process built it while we waited
             _count("cache_hits")
             return CompiledLibrary(lib_path, key)
@@ -177,7 +177,7 @@ def compiler_identity(compiler: tuple[str, ...]) -> str:
 def _compile(source: str, compiler: tuple[str, ...], flags: Sequence[str], lib_path: Path) -> None:
     """Write the source beside the library and compile it to a temporary name, then publish."""
     src_path = lib_path.with_suffix(".cpp")
-    _atomic_write(src_path, source)
+    atomic_write(src_path, source)
     tmp = lib_path.with_name(f"{lib_path.stem}.tmp-{os.getpid()}-{threading.get_ident()}.so")
     cmd = [*compiler, *flags, str(src_path), "-o", str(tmp)]
     try:
@@ -254,7 +254,7 @@ def _hash_files(root: Path, signature: tuple[tuple[str, int, int], ...]) -> str:
 
 
 @contextlib.contextmanager
-def _key_lock(lock_path: Path) -> Iterator[None]:
+def key_lock(lock_path: Path) -> Iterator[None]:
     """An exclusive per-key lock across processes and threads (flock is per open file)."""
     import fcntl  # POSIX only, and only needed when actually compiling
 
@@ -266,7 +266,7 @@ def _key_lock(lock_path: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -289,4 +289,4 @@ def _write_metadata(
         "isa": isa,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    _atomic_write(lib_path.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
+    atomic_write(lib_path.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")

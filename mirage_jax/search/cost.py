@@ -15,8 +15,8 @@ Per graph-defined kernel:
   tensor) lose some bandwidth to the hardware prefetcher, which stops at page boundaries;
 - tile copies: the emitter reads matmul operands in place but copies every other operand tile
   into a local buffer, a load and a store per element on the core;
-- flops: tile matmuls at the rate of the register blocking the runtime picks for their M and
-  N (``matmul.h``: all rows of a skinny product in one panel), elementwise ops and reductions
+- flops: tile matmuls at the measured rate of the register block the runtime picks for
+  their M (``matmul.h``: all rows of a skinny product in one panel), elementwise ops and reductions
   at the vector rate (transcendentals and divides cost ``_ELEMENT_OPS`` element operations),
   accumulator updates, all times the iterations;
 - working set: the live tiles of one block (operand tiles, intermediates, accumulators); past
@@ -25,12 +25,13 @@ Per graph-defined kernel:
   (``imbalance``), and every block and every iteration pays a small scheduling overhead.
 
 time = launch + max(memory time, compute time / efficiency) + spill time + overheads. Kernel-level
-(pre-defined) ops are simple streaming kernels over whole tensors. The constants default to
-the machine this project is measured on (2 cores of an AMD EPYC Zen 5, ~40 GB/s of streaming
-reads, AVX-512 with two FMA pipes: the runtime's micro-kernel reaches ~230 GFLOP/s per core in
-cache, L1 48 KiB, L2 1 MiB per core, L3 32 MiB); they order candidates, the timing step
-decides. ``benchmarks/search_table.py`` reports how well the
-model's order matches measurements (rank correlation).
+(pre-defined) ops are simple streaming kernels over whole tensors. The search uses the rates
+``calibrate.host_model()`` measured on the host it runs on; the defaults here are one such
+machine (2 cores of an AMD EPYC Zen 5, ~40 GB/s of streaming reads, AVX-512 with two FMA
+pipes: the runtime's micro-kernel reaches ~230 GFLOP/s per core in cache, L1 48 KiB, L2 1 MiB
+per core, L3 32 MiB). The model orders candidates; the timing step decides.
+``benchmarks/search_table.py`` reports how well the model's order matches measurements (rank
+correlation).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class CpuModel:
     llc_bytes: int = 32 * 1024 * 1024
     llc_reread: float = 0.3  # a re-read of an LLC-resident operand, relative to memory
     page_bytes: int = 4096
-    matmul_flops: float = 230e9  # per core, a full register block (two FMA pipes)
+    # flop/s of one core on tile products in cache with 1, 2, 4 and 8 rows per register block
+    matmul_rates: tuple[float, float, float, float] = (57e9, 115e9, 165e9, 230e9)
     l2_stream_bytes_per_cycle: float = 32.0  # B panels re-read from L2 by the micro-kernel
     simd_lanes: int = 16  # float32 lanes of one vector register
     acc_regs: int = 24  # vector registers the matmul micro-kernel keeps accumulators in
@@ -112,8 +114,12 @@ class CpuCost:
         return f"{self.time_s * 1e6:.1f}us [{parts}]"
 
 
-def estimate(graph: KernelGraph, model: CpuModel = DEFAULT_MODEL) -> CpuCost:
-    """Predicted time of ``graph`` on ``model``."""
+def estimate(graph: KernelGraph, model: CpuModel | None = None) -> CpuCost:
+    """Predicted time of ``graph`` on ``model`` (default: this host, ``calibrate.host_model``)."""
+    if model is None:
+        from mirage_jax.search.calibrate import host_model  # it imports this module
+
+        model = host_model()
     kernels: list[KernelCost] = []
     k = 0
     for node in graph.nodes:
@@ -137,11 +143,11 @@ def _matmul_rate(m: int, n: int, model: CpuModel) -> float:
     """Flops per second of one core on an [m, k] @ [k, n] tile product.
 
     Mirrors the runtime's register blocking (``Blocking`` in matmul.h): mr rows by nv vectors
-    of accumulators; each k step issues mr * nv FMAs (two per cycle) against nv vector loads
-    of B, which come from L2 once a pass over all column panels outgrows L1 (about
-    ``l2_stream_bytes_per_cycle``, i.e. two cycles per vector), and a k step cannot be
-    shorter than one FMA latency. Measured in cache on the 2-core Zen 5: 1 row 57, 2 rows
-    115, 4 rows 165, 6 or 8 rows 230 GFLOP/s per core. Ragged edges run partly empty panels.
+    of accumulators. The rate of a full-width block of mr rows is measured (``matmul_rates``
+    at 1, 2, 4, 8 rows, interpolated between). A product too narrow for the full nv runs
+    shorter k steps: each issues mr * nv FMAs (two per cycle) against nv vector loads of B
+    from L2 (about ``l2_stream_bytes_per_cycle``) and cannot be shorter than one FMA latency;
+    that ratio scales the measured rate. Ragged edges run partly empty panels.
     """
     lanes, regs = model.simd_lanes, model.acc_regs
     if m <= 8 and 2 * m <= regs:
@@ -151,13 +157,31 @@ def _matmul_rate(m: int, n: int, model: CpuModel) -> float:
     else:
         mr = 6
     vecs = math.ceil(n / lanes)
-    nv = max(1, min(vecs, regs // mr, 8))
-    fma_cycles = mr * nv / 2
-    load_cycles = nv * lanes * 4 / model.l2_stream_bytes_per_cycle  # float32 vectors of B
-    eff = fma_cycles / max(fma_cycles, load_cycles, 4)
+    full = max(1, min(regs // mr, 8))
+    nv = min(vecs, full)
     rows = m / (math.ceil(m / mr) * mr)
     cols = n / (vecs * lanes)
-    return model.matmul_flops * eff * rows * cols
+    narrow = _step_efficiency(mr, nv, model) / _step_efficiency(mr, full, model)
+    return _block_rate(mr, model) * narrow * rows * cols
+
+
+def _step_efficiency(mr: int, nv: int, model: CpuModel) -> float:
+    """FMA-pipe share of one micro-kernel k step with mr x nv accumulators."""
+    fma_cycles = mr * nv / 2
+    load_cycles = nv * model.simd_lanes * 4 / model.l2_stream_bytes_per_cycle  # float32 B
+    return fma_cycles / max(fma_cycles, load_cycles, 4)
+
+
+def _block_rate(mr: int, model: CpuModel) -> float:
+    """Measured rate of a full-width register block of mr rows (linear between 1, 2, 4, 8)."""
+    points = (1, 2, 4, 8)
+    rates = model.matmul_rates
+    if mr >= 8:
+        return rates[-1]
+    for (m0, r0), (m1, r1) in zip(zip(points, rates), zip(points[1:], rates[1:])):
+        if m0 <= mr <= m1:
+            return r0 + (r1 - r0) * (mr - m0) / (m1 - m0)
+    return rates[0]
 
 
 def _stream_efficiency(tile: tuple[int, ...], full: tuple[int, ...], itemsize: int,

@@ -48,6 +48,7 @@ from mirage_jax.ir.ops import ACCUMULATORS, Op
 from mirage_jax.ir.text import parse, to_text
 from mirage_jax.search import cost as cost_model
 from mirage_jax.search import enumerate as en
+from mirage_jax.search.calibrate import host_model
 from mirage_jax.search.equivalence import (
     FFSpec,
     FFVerdict,
@@ -291,10 +292,12 @@ def superoptimize(
                           remedy="trace a function with mirage_jax.trace and pass "
                           "region.graph")  # fmt: skip
     config = config or SearchConfig()
+    # calibrate (once per host, cached) before any worker runs: a loaded machine measures low
+    model = host_model()
     own = executor is None
     executor = executor or default_executor(config.workers)
     try:
-        return _Search(kernel_graph, config, executor, timer, baseline).run()
+        return _Search(kernel_graph, config, executor, timer, baseline, model).run()
     finally:
         if own:
             executor.shutdown(wait=True, cancel_futures=True)
@@ -302,8 +305,10 @@ def superoptimize(
 
 class _Search:
     def __init__(self, target: KernelGraph, config: SearchConfig, executor: cf.Executor,
-                 timer: Timer | None, baseline: Callable[[], float] | None) -> None:  # fmt: skip
+                 timer: Timer | None, baseline: Callable[[], float] | None,
+                 model: cost_model.CpuModel) -> None:  # fmt: skip
         self.target, self.config, self.executor = target, config, executor
+        self.model = model
         self.timer, self.baseline = timer, baseline
         self.report = SearchReport(target=summarize(target))
         self.start = time.time()
@@ -468,7 +473,7 @@ class _Search:
                      skeletons: Sequence[tuple[en.Site, en.Skeleton]]) -> list[Candidate]:  # fmt: skip
         cands: list[Candidate] = []
         for graph in kernel.complete:
-            est = cost_model.estimate(graph).time_s
+            est = cost_model.estimate(graph, self.model).time_s
             cands.append(Candidate(graph, est, "kernel:" + graph.fingerprint()[:16]))
         # rank skeletons by one representative tiling each, then expand the best ones fully
         scored = []
@@ -513,7 +518,7 @@ class _Search:
             return None
         # a skeleton is a block graph *at a site*: the same block on other operands is another
         key = hashlib.sha1(repr((site.prefix.nodes, site.operands)).encode()).hexdigest()[:8]
-        return Candidate(graph, cost_model.estimate(graph).time_s,
+        return Candidate(graph, cost_model.estimate(graph, self.model).time_s,
                          key + ":" + skel.block.fingerprint()[:16])  # fmt: skip
 
     # -- verification ------------------------------------------------------------------------
@@ -543,7 +548,7 @@ class _Search:
                     if c.skeleton in rejected:
                         self.report.skipped_rejected_skeleton += 1
                         continue
-                    chunk.append(_fused(c))
+                    chunk.append(_fused(c, self.model))
                 groups = [chunk[k::workers] for k in range(workers) if chunk[k::workers]]
                 futs = [self.executor.submit(verify_worker, self.text,
                                              [str(c.graph) for c in grp], self.spec, seed,
@@ -726,12 +731,12 @@ def _site_cost(site: en.Site) -> int:
     return 10 * compute + site.prefix.num_ops + 5 * mixed
 
 
-def _fused(c: Candidate) -> Candidate:
+def _fused(c: Candidate, model: cost_model.CpuModel) -> Candidate:
     """Thread graphs by rule: the candidate with its elementwise chains fused."""
     graph = fuse_kernel(c.graph)
     if graph is c.graph:
         return c
-    return Candidate(graph, cost_model.estimate(graph).time_s, c.skeleton)
+    return Candidate(graph, cost_model.estimate(graph, model).time_s, c.skeleton)
 
 
 def fuse_kernel(graph: KernelGraph) -> KernelGraph:

@@ -1,0 +1,149 @@
+// calibrate.h - measures this host's ceilings for the search's CPU cost model.
+//
+// The cost model orders candidates by rates of *this* runtime on *this* host: the micro-kernel
+// at the register blocks matmul.h picks, an elementwise map on tiles in L2, and streaming reads
+// from memory on one core and on all. Hosts
+// differ by more than 2x in all of these (a Zen 5 core does two 512-bit FMAs per cycle, a
+// Zen 4 core one), so constants tuned on one machine misorder candidates on another.
+//
+// This is a probe, not a kernel: it may start threads (the bandwidth of all cores needs them).
+// mirage_jax.search.calibrate compiles it once per host and caches what it prints.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "cpu/mirage.h"
+
+namespace mj::probe {
+
+// Fields of the result, in order (calibrate.py reads them by these positions).
+enum Field : int {
+  kMatmul1, kMatmul2, kMatmul4, kMatmul8,  // flop/s of one core, tile product with M rows
+  kVector,        // elementwise multiply element/s of one core, tiles in L2
+  kCoreStream,    // bytes/s one core reads contiguously from memory
+  kAllStream,     // bytes/s all cores read contiguously
+  kCores,
+  kFields
+};
+
+template <class F>
+double median_seconds(int reps, const F& f) {
+  std::vector<double> ts;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+template <class T>
+T* alloc(std::size_t n, T fill) {
+  void* p = std::aligned_alloc(kAlign, (n * sizeof(T) + kAlign - 1) / kAlign * kAlign);
+  if (!p) throw std::bad_alloc();
+  T* t = static_cast<T*>(p);
+  std::fill(t, t + n, fill);  // touches every page, so timing sees no page faults
+  return t;
+}
+
+// C[M, 512] += A[M, 256] @ B[256, 512] with B (512 KiB) in L2: the in-cache rate.
+template <i64 M>
+double matmul_rate() {
+  constexpr i64 K = 256, N = 512, CALLS = 64 / M + 4;
+  float* a = alloc<float>(M * K, 0.5f);
+  float* b = alloc<float>(K * N, 0.25f);
+  float* c = alloc<float>(M * N, 0.0f);
+  auto run = [&] {
+    for (i64 r = 0; r < CALLS; ++r) gemm<float, M, N, K, K, N, N, true>(c, a, b);
+  };
+  run();
+  const double s = median_seconds(9, run);
+  std::free(a), std::free(b), std::free(c);
+  return 2.0 * M * N * K * CALLS / s;
+}
+
+double vector_rate() {
+  using S = Shape<16, 1024>;  // 64 KiB tiles: past L1, in L2
+  Tile<float, S> x, y;
+  for (i64 i = 0; i < S::size; ++i) x.ptr()[i] = 1.0f + i % 7, y.ptr()[i] = 1.0f;
+  constexpr int CALLS = 32;
+  auto run = [&] {  // in place, so no call's stores are dead
+    for (int r = 0; r < CALLS; ++r) map(op::Mul{}, x, x, y);
+  };
+  run();
+  const double s = median_seconds(9, run);
+  volatile float sink = x.ptr()[S::size - 1];
+  (void)sink;
+  return double(S::size) * CALLS / s;
+}
+
+// Sum of rows [r0, r1) x columns [c0, c1) of a row-major matrix with `ld` floats per row.
+inline float read_block(const float* m, i64 ld, i64 r0, i64 r1, i64 c0, i64 c1) {
+  using V = vec_t<float>;
+  constexpr int W = lanes<float>;
+  V s0{}, s1{}, s2{}, s3{};
+  for (i64 r = r0; r < r1; ++r) {
+    const float* p = m + r * ld;
+    for (i64 c = c0; c < c1; c += 4 * W) {
+      s0 += vload<V>(p + c), s1 += vload<V>(p + c + W);
+      s2 += vload<V>(p + c + 2 * W), s3 += vload<V>(p + c + 3 * W);
+    }
+  }
+  const V s = s0 + s1 + s2 + s3;
+  float t = 0;
+  for (int i = 0; i < W; ++i) t += s[i];
+  return t;
+}
+
+// Seconds of `threads` threads reading a 4096 x 6144 float matrix (96 MiB, past any L3),
+// each a contiguous share of the rows.
+inline double stream_once(const float* m, int threads) {
+  constexpr i64 R = 4096, C = 6144;
+  std::vector<float> sink(threads);
+  auto body = [&](int t) { sink[t] = read_block(m, C, R * t / threads, R * (t + 1) / threads, 0, C); };
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
+  body(0);
+  for (auto& th : pool) th.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Bytes/s of one core and of all. Rounds interleave the two: a shared host's memory bus
+// drifts over seconds.
+inline void stream_rates(int cores, double* core, double* all) {
+  constexpr double bytes = 4096.0 * 6144 * sizeof(float);
+  float* m = alloc<float>(std::size_t{4096} * 6144, 1.0f);
+  std::vector<double> t1, tn;
+  for (int r = 0; r < 11; ++r) {
+    t1.push_back(stream_once(m, 1));
+    tn.push_back(stream_once(m, cores));
+  }
+  std::free(m);
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  *core = bytes / median(t1);
+  *all = bytes / median(tn);
+}
+
+inline void run(double* out) {
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  out[kMatmul1] = matmul_rate<1>();
+  out[kMatmul2] = matmul_rate<2>();
+  out[kMatmul4] = matmul_rate<4>();
+  out[kMatmul8] = matmul_rate<8>();
+  out[kVector] = vector_rate();
+  stream_rates(cores, &out[kCoreStream], &out[kAllStream]);
+  out[kCores] = cores;
+}
+
+}  // namespace mj::probe

@@ -1,0 +1,127 @@
+"""This host's ceilings for the CPU cost model, measured once and cached.
+
+``host_model()`` returns a ``CpuModel`` whose rates were measured on this machine by the
+runtime's own code (``csrc/runtime/cpu/calibrate.h``): the matmul micro-kernel at 1, 2, 4 and
+8 rows, an elementwise map, and streaming reads from memory on one core and on all. Hosts
+differ by more than 2x in these (the project has run on Zen 5 and on Zen 4 machines), and a
+model tuned on one misorders the candidates of the other before the timing step sees them.
+
+The probe compiles once (the library cache) and runs for well under a second; its figures are
+cached as JSON under ``<cache root>/calibration/``, keyed by the probe library (source,
+compiler, flags, ISA, runtime headers) and the CPU's model name and core count, so a new host
+or a new runtime measures again. A file lock keeps concurrent processes from measuring at the
+same time (they would measure each other). ``MIRAGE_JAX_CALIBRATE=0`` uses the built-in
+defaults (``cost.DEFAULT_MODEL``), as does any failure to build or run the probe (logged).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+from mirage_jax.codegen.build import atomic_write, cache_root, compile_shared_library, key_lock
+from mirage_jax.errors import MirageError
+from mirage_jax.search.cost import DEFAULT_MODEL, CpuModel
+
+CALIBRATE_ENV = "MIRAGE_JAX_CALIBRATE"
+_SYMBOL = "mj_calibrate"
+_SOURCE = f"""// mirage_jax host calibration probe
+#include "cpu/calibrate.h"
+MJ_EXPORT void {_SYMBOL}(double* out) {{ mj::probe::run(out); }}
+"""
+# the probe's fields (calibrate.h, enum Field), in order
+_FIELDS = ("matmul1", "matmul2", "matmul4", "matmul8", "vector", "core_stream", "all_stream",
+           "cores")  # fmt: skip
+
+log = logging.getLogger("mirage_jax.search")
+
+
+def calibration_enabled() -> bool:
+    return os.environ.get(CALIBRATE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@functools.cache
+def host_model() -> CpuModel:
+    """The cost model with this host's measured rates (``DEFAULT_MODEL`` when disabled)."""
+    if not calibration_enabled():
+        return DEFAULT_MODEL
+    try:
+        return model_from(measurements())
+    except (MirageError, OSError, ValueError, KeyError) as e:
+        log.warning("CPU cost model: calibration failed (%s); using the built-in defaults", e)
+        return DEFAULT_MODEL
+
+
+def measurements() -> dict[str, float]:
+    """The probe's figures for this host, from the cache or measured now."""
+    lib = compile_shared_library(_SOURCE, name_hint="calibrate")
+    path = cache_root() / "calibration" / f"{_host_key(lib.key)}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with key_lock(path.with_suffix(".lock")):
+        if path.is_file():  # another process measured while we waited
+            return json.loads(path.read_text())
+        figures = _run_probe(lib.path)
+        atomic_write(path, json.dumps(figures, indent=1) + "\n")
+    log.info("CPU cost model calibrated: %s", _describe(figures))
+    return figures
+
+
+def model_from(figures: dict[str, float]) -> CpuModel:
+    """``DEFAULT_MODEL`` with the measured rates in place of its defaults."""
+    rates = tuple(figures[f"matmul{m}"] for m in (1, 2, 4, 8))
+    return dataclasses.replace(
+        DEFAULT_MODEL,
+        cores=max(1, int(figures["cores"])),
+        mem_bytes_per_s=figures["all_stream"],
+        core_mem_bytes_per_s=figures["core_stream"],
+        matmul_rates=rates,
+        vector_elems=figures["vector"],
+    )
+
+
+def _run_probe(lib_path: Path) -> dict[str, float]:
+    fn = getattr(ctypes.CDLL(str(lib_path)), _SYMBOL)
+    fn.restype = None
+    fn.argtypes = [ctypes.POINTER(ctypes.c_double)]
+    out = (ctypes.c_double * len(_FIELDS))()
+    fn(out)
+    figures = dict(zip(_FIELDS, map(float, out)))
+    if not all(v > 0 for v in figures.values()):
+        raise ValueError(f"the probe measured a non-positive rate: {figures}")
+    return figures
+
+
+def _host_key(library_key: str) -> str:
+    ident = json.dumps([library_key, _cpu_name(), os.cpu_count()])
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _describe(f: dict[str, float]) -> str:
+    mm = "/".join(f"{f[f'matmul{m}'] / 1e9:.0f}" for m in (1, 2, 4, 8))
+    return (f"matmul {mm} GFLOP/s per core (1/2/4/8 rows), map {f['vector'] / 1e9:.0f} G/s per "
+            f"core, memory {f['core_stream'] / 1e9:.1f} GB/s one core, "
+            f"{f['all_stream'] / 1e9:.1f} GB/s all {int(f['cores'])}")  # fmt: skip
+
+
+__all__ = ["CALIBRATE_ENV", "calibration_enabled", "host_model", "measurements", "model_from"]
