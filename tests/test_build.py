@@ -239,7 +239,7 @@ def test_host_isa_agrees_with_cpuinfo_and_flags_are_explicit() -> None:
     detected = isa.host_isa()
     assert detected in isa.ISAS
     if isa.is_x86():
-        assert detected == isa._isa_from_cpuinfo(isa._read_cpuinfo())
+        assert detected == isa._isa_from_cpuinfo(isa.read_cpuinfo())
         assert isa.isa_flags("avx512") == ("-march=x86-64-v4",)
         assert isa.isa_flags("avx2") == ("-march=x86-64-v3",)
         assert isa.isa_flags("generic") == ("-march=x86-64",)

@@ -60,7 +60,7 @@ def detected_isa() -> str:
     native = try_native()
     if native is not None:
         return str(native.cpu_isa())
-    return _isa_from_cpuinfo(_read_cpuinfo())
+    return _isa_from_cpuinfo(read_cpuinfo())
 
 
 def isa_flags(isa: str) -> tuple[str, ...]:
@@ -70,7 +70,7 @@ def isa_flags(isa: str) -> tuple[str, ...]:
     return _X86_FLAGS[isa] if is_x86() else ()
 
 
-def _read_cpuinfo() -> str:
+def read_cpuinfo() -> str:
     try:
         return Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:

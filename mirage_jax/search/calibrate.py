@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 
 from mirage_jax.codegen.build import atomic_write, cache_root, compile_shared_library, key_lock
+from mirage_jax.codegen.isa import read_cpuinfo
 from mirage_jax.errors import MirageError
 from mirage_jax.search.cost import DEFAULT_MODEL, CpuModel
 
@@ -105,13 +106,10 @@ def _host_key(library_key: str) -> str:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                return value.strip()
-    except OSError:
-        pass
+    for line in read_cpuinfo().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return value.strip()
     import platform
 
     return platform.processor() or platform.machine()

@@ -39,6 +39,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from mirage_jax.codegen.cpu import reads_in_place
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase
 from mirage_jax.ir.ops import ACCUMULATORS, ELEMENTWISE, REDUCTIONS, Op
@@ -174,14 +176,7 @@ def _step_efficiency(mr: int, nv: int, model: CpuModel) -> float:
 
 def _block_rate(mr: int, model: CpuModel) -> float:
     """Measured rate of a full-width register block of mr rows (linear between 1, 2, 4, 8)."""
-    points = (1, 2, 4, 8)
-    rates = model.matmul_rates
-    if mr >= 8:
-        return rates[-1]
-    for (m0, r0), (m1, r1) in zip(zip(points, rates), zip(points[1:], rates[1:])):
-        if m0 <= mr <= m1:
-            return r0 + (r1 - r0) * (mr - m0) / (m1 - m0)
-    return rates[0]
+    return float(np.interp(mr, (1, 2, 4, 8), model.matmul_rates))
 
 
 def _stream_efficiency(tile: tuple[int, ...], full: tuple[int, ...], itemsize: int,

@@ -2,8 +2,7 @@
 //
 // The cost model orders candidates by rates of *this* runtime on *this* host: the micro-kernel
 // at the register blocks matmul.h picks, an elementwise map on tiles in L2, and streaming reads
-// from memory on one core and on all. Hosts
-// differ by more than 2x in all of these (a Zen 5 core does two 512-bit FMAs per cycle, a
+// from memory on one core and on all. Hosts differ by more than 2x in all of these (a Zen 5 core does two 512-bit FMAs per cycle, a
 // Zen 4 core one), so constants tuned on one machine misorder candidates on another.
 //
 // This is a probe, not a kernel: it may start threads (the bandwidth of all cores needs them).
@@ -32,6 +31,11 @@ enum Field : int {
   kFields
 };
 
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 template <class F>
 double median_seconds(int reps, const F& f) {
   std::vector<double> ts;
@@ -40,8 +44,7 @@ double median_seconds(int reps, const F& f) {
     f();
     ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
+  return median(ts);
 }
 
 template <class T>
@@ -84,14 +87,14 @@ double vector_rate() {
   return double(S::size) * CALLS / s;
 }
 
-// Sum of rows [r0, r1) x columns [c0, c1) of a row-major matrix with `ld` floats per row.
-inline float read_block(const float* m, i64 ld, i64 r0, i64 r1, i64 c0, i64 c1) {
+// Sum of rows [r0, r1) of a row-major matrix with `ld` floats per row.
+inline float read_rows(const float* m, i64 ld, i64 r0, i64 r1) {
   using V = vec_t<float>;
   constexpr int W = lanes<float>;
   V s0{}, s1{}, s2{}, s3{};
   for (i64 r = r0; r < r1; ++r) {
     const float* p = m + r * ld;
-    for (i64 c = c0; c < c1; c += 4 * W) {
+    for (i64 c = 0; c < ld; c += 4 * W) {
       s0 += vload<V>(p + c), s1 += vload<V>(p + c + W);
       s2 += vload<V>(p + c + 2 * W), s3 += vload<V>(p + c + 3 * W);
     }
@@ -107,7 +110,7 @@ inline float read_block(const float* m, i64 ld, i64 r0, i64 r1, i64 c0, i64 c1) 
 inline double stream_once(const float* m, int threads) {
   constexpr i64 R = 4096, C = 6144;
   std::vector<float> sink(threads);
-  auto body = [&](int t) { sink[t] = read_block(m, C, R * t / threads, R * (t + 1) / threads, 0, C); };
+  auto body = [&](int t) { sink[t] = read_rows(m, C, R * t / threads, R * (t + 1) / threads); };
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
@@ -127,10 +130,6 @@ inline void stream_rates(int cores, double* core, double* all) {
     tn.push_back(stream_once(m, cores));
   }
   std::free(m);
-  auto median = [](std::vector<double>& v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   *core = bytes / median(t1);
   *all = bytes / median(tn);
 }
