@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import numpy as np
 
 from mirage_jax.errors import MirageError
 from mirage_jax.frontend import TracedProgram, trace
@@ -52,10 +51,15 @@ class OptimizeOptions:
 
 @dataclass
 class Plan:
-    """What one specialisation (argument shapes/dtypes/static values) of a function became."""
+    """What one specialisation (argument shapes/dtypes/static values) of a function became.
+
+    ``traceable`` takes the dynamic arguments and is what ``Optimized`` stages into its
+    dispatching jit; ``jitted`` is the same computation as a stand-alone jitted callable.
+    """
 
     program: TracedProgram
     regions: tuple[RegionPlan, ...]
+    traceable: Callable[..., Any]
     jitted: Callable[..., Any]
 
     def report(self) -> str:
@@ -67,9 +71,20 @@ class Plan:
         return "\n".join(lines)
 
 
+class _NoPlanYet(Exception):
+    """Raised while tracing the dispatcher for a signature that has no plan: the plan must be
+    built outside any trace (it compiles and times code), then the call is traced again."""
+
+
 @dataclass
 class Optimized:
-    """A function under ``@optimize``: specialised and built on first call per signature."""
+    """A function under ``@optimize``: specialised and built on first call per signature.
+
+    Calls go through one ``jax.jit`` whose body picks the plan for the signature it is traced
+    at, so a call with a seen signature takes jit's C++ fast path with no Python work of ours:
+    Python between two dispatches measured 10-20 us on a 2-core host, well beyond its own run
+    time, and a program that XLA keeps must cost what ``jax.jit`` costs.
+    """
 
     fn: Callable[..., Any]
     options: OptimizeOptions
@@ -78,13 +93,22 @@ class Optimized:
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
+        self._dispatch = jax.jit(self._staged, static_argnums=self.static_argnums)
 
     def __call__(self, *args: Any) -> Any:
-        plan = self.plan(*args)
+        try:
+            return self._dispatch(*args)
+        except _NoPlanYet:
+            self.plan(*args)
+            return self._dispatch(*args)
+
+    def _staged(self, *args: Any) -> Any:
+        plan = self._plans.get(_signature(args, self.static_argnums))
+        if plan is None:
+            raise _NoPlanYet
         if not self.static_argnums:
-            return plan.jitted(*args)
-        dynamic = [a for i, a in enumerate(args) if i not in self.static_argnums]
-        return plan.jitted(*dynamic)
+            return plan.traceable(*args)
+        return plan.traceable(*(a for i, a in enumerate(args) if i not in self.static_argnums))
 
     def plan(self, *args: Any) -> Plan:
         key = _signature(args, self.static_argnums)
@@ -126,36 +150,22 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
 
 
 def _signature(args: Sequence[Any], static_argnums: tuple[int, ...]) -> Any:
-    def leaf_key(x: Any) -> Any:
-        # the per-call path: arrays answer from their attributes; result_type (slow) only
-        # for Python scalars and other leaves
-        dtype = getattr(x, "dtype", None)
-        if dtype is not None and hasattr(x, "shape"):
-            return (x.shape, dtype, getattr(x, "weak_type", False))
-        return (tuple(np.shape(x)), jax.numpy.result_type(x), getattr(x, "weak_type", False))
-
+    """The plan key of a call: the same for concrete arguments and for the tracers jit makes
+    of them (shape, canonical dtype and weak type of every leaf, the pytree structure and the
+    static values)."""
     parts = []
     for i, a in enumerate(args):
         if i in static_argnums:
             parts.append(("static", a))
-        elif type(a) in _ARRAY_TYPES or _is_array_type(type(a)):  # common, without flattening
-            parts.append((a.shape, a.dtype, a.weak_type))
-        else:
-            leaves, treedef = jax.tree_util.tree_flatten(a)
-            parts.append((treedef, tuple(leaf_key(x) for x in leaves)))
+            continue
+        leaves, treedef = jax.tree_util.tree_flatten(a)
+        parts.append((treedef, tuple(_leaf_key(x) for x in leaves)))
     return tuple(parts)
 
 
-# Concrete classes of jax.Array seen so far: isinstance against the abstract jax.Array costs
-# about a microsecond per argument, on a path every call of an optimized function takes.
-_ARRAY_TYPES: set[type] = set()
-
-
-def _is_array_type(cls: type) -> bool:
-    if issubclass(cls, jax.Array) and not issubclass(cls, jax.core.Tracer):
-        _ARRAY_TYPES.add(cls)
-        return True
-    return False
+def _leaf_key(x: Any) -> tuple[Any, ...]:
+    aval = jax.typeof(x)
+    return (aval.shape, aval.dtype, aval.weak_type)
 
 
 def _build_plan(
@@ -169,27 +179,27 @@ def _build_plan(
         log.info("%s", p.describe())
 
     if not impls:
-        return Plan(program, regions, _xla_call(fn, args, static_argnums))
+        xla = _xla_call(fn, args, static_argnums)
+        return Plan(program, regions, xla, xla)
 
     def run(*dynamic: Any) -> Any:
         return program.run(*dynamic, region_impls=impls)
 
-    return Plan(program, regions, jax.jit(run))
+    return Plan(program, regions, run, jax.jit(run))
 
 
 def _xla_call(fn: Callable[..., Any], args: Sequence[Any], static_argnums: tuple[int, ...]
               ) -> Callable[..., Any]:  # fmt: skip
     """The function exactly as ``jax.jit`` compiles it, called with the dynamic arguments:
-    what a plan that replaces no region runs, so that it costs what XLA costs."""
+    what a plan that replaces no region runs (and stages), so that it costs what XLA costs."""
     xla = jax.jit(fn, static_argnums=static_argnums)
     if not static_argnums:
-        return xla  # no wrapper: a Python frame per call measured ~7 us on a 2-core host
+        return xla
     static = {i: args[i] for i in static_argnums}
 
     def call(*dynamic: Any) -> Any:
         rest = iter(dynamic)
-        full = [static[i] if i in static else next(rest) for i in range(len(args))]
-        return xla(*full)
+        return xla(*[static[i] if i in static else next(rest) for i in range(len(args))])
 
     return call
 

@@ -72,6 +72,25 @@ def test_pytrees_static_args_and_no_retrace():
     assert len(fast._plans) == 2
 
 
+def test_calls_with_a_seen_signature_skip_planning_and_new_ones_plan(monkeypatch):
+    from mirage_jax import api
+
+    fast = mj.optimize(lambda x, s: jnp.tanh(x) * s, strategy="as_is", require_speedup=False,
+                       static_argnums=1)  # fmt: skip
+    x = np.linspace(-2, 2, 32, dtype=np.float32).reshape(4, 8)
+    _close(fast(x, 3.0), np.tanh(x) * 3.0)
+
+    def no_python_per_call(*args):
+        raise AssertionError("a seen signature must dispatch without computing its key")
+
+    monkeypatch.setattr(api, "_signature", no_python_per_call)
+    _close(fast(x + 1, 3.0), np.tanh(x + 1) * 3.0)  # same shapes: jit's fast path only
+    monkeypatch.undo()
+    _close(fast(x[:2], 3.0), np.tanh(x[:2]) * 3.0)
+    _close(fast(x, 0.5), np.tanh(x) * 0.5)
+    assert len(fast._plans) == 3
+
+
 def test_failed_build_falls_back_to_xla_with_the_reason(monkeypatch, caplog):
     def broken(graph):
         raise CompileError("g++ exploded", remedy="none")
