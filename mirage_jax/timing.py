@@ -58,21 +58,40 @@ def compare(
     rounds: int = 3,
     budget_s: float = 0.3,
 ) -> tuple[float, float]:
-    """Median times of candidate and baseline, call by call in alternation, so that drift of
-    the machine (frequency, other tenants) hits both alike; ``rounds * budget_s`` seconds of
-    timing for both together, at least 7 calls each (who goes first alternates too)."""
+    """Median times of candidate and baseline, measured in alternating blocks of calls so
+    that drift of the machine (frequency, other tenants) hits both alike; ``rounds *
+    budget_s`` seconds of timing for both together, at least 8 calls each (who goes first
+    alternates too).
+
+    Blocks, not single calls: the first call of one executable right after another's pays a
+    switch cost (XLA's worker threads still hold the second core; measured 40-110 us on a
+    2-core host), which single-call alternation charges to every sample of a sub-millisecond
+    program. A block of up to 8 calls, about 20 ms of work, keeps that cost out of the
+    median while still alternating many times a second.
+    """
     args = device_args(args)
     for _ in range(2):
         jax.block_until_ready(candidate(*args))
         jax.block_until_ready(baseline(*args))
+    block = _block_size(candidate, baseline, args)
     cand: list[float] = []
     base: list[float] = []
     deadline = time.perf_counter() + rounds * budget_s
     pair = [(candidate, cand), (baseline, base)]
-    while len(cand) < 2000 and (len(cand) < 7 or time.perf_counter() < deadline):
+    while len(cand) < 2000 and (len(cand) < 8 or time.perf_counter() < deadline):
         for fn, out in pair:
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            out.append(time.perf_counter() - start)
+            for _ in range(block):
+                start = time.perf_counter()
+                jax.block_until_ready(fn(*args))
+                out.append(time.perf_counter() - start)
         pair.reverse()
     return statistics.median(cand), statistics.median(base)
+
+
+def _block_size(candidate: Callable[..., Any], baseline: Callable[..., Any],
+                args: Sequence[Any]) -> int:  # fmt: skip
+    start = time.perf_counter()
+    jax.block_until_ready(candidate(*args))
+    jax.block_until_ready(baseline(*args))
+    per_call = (time.perf_counter() - start) / 2
+    return max(1, min(8, int(0.02 / max(per_call, 1e-9))))
