@@ -101,6 +101,7 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, flo
     args = program.call_args(inputs)
     nbytes, flops = program_cost(program, args)
     floor = max(nbytes / bw, flops / rate)
+    bound = "memory" if nbytes / bw >= flops / rate else "compute"
 
     with tempfile.TemporaryDirectory() as cache_dir:
         os.environ["MIRAGE_JAX_CACHE_DIR"] = cache_dir
@@ -124,7 +125,7 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, flo
         getattr(p.search_report, "elapsed_s", 0.0) or 0.0 for p in plan.regions if p.search_report
     )
     return {
-        "program": program.name, "bs": bs, "xla_s": t_xla, "mirage_s": t_mj,
+        "program": program.name, "bs": bs, "bound": bound, "xla_s": t_xla, "mirage_s": t_mj,
         "speedup": t_xla / t_mj, "floor_s": floor, "xla_of_floor": t_xla / floor,
         "mirage_of_floor": t_mj / floor, "plan_cold_s": cold, "plan_cached_s": warm,
         "search_s": search_s, "max_rel_err": err, "steal": steal,
@@ -134,18 +135,24 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, flo
 
 def print_table(rows: list[dict]) -> None:
     head = (f"{'program':16} {'bs':>2} {'jax.jit':>10} {'mirage':>10} {'speedup':>8} "
-            f"{'floor':>10} {'xla/fl':>7} {'mj/fl':>7} {'cold':>7} {'cached':>7} "
+            f"{'floor':>10} {'bound':>7} {'xla/fl':>7} {'mj/fl':>7} {'cold':>7} {'cached':>7} "
             f"{'steal':>6}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['program']:16} {r['bs']:>2} {r['xla_s']*1e3:>8.3f}ms {r['mirage_s']*1e3:>8.3f}ms "
-              f"{r['speedup']:>7.2f}x {r['floor_s']*1e3:>8.3f}ms {r['xla_of_floor']:>7.2f} "
-              f"{r['mirage_of_floor']:>7.2f} {r['plan_cold_s']:>6.1f}s {r['plan_cached_s']:>6.2f}s "
+        print(f"{r['program']:16} {r['bs']:>2} {r['xla_s']*1e3:>8.3f}ms "
+              f"{r['mirage_s']*1e3:>8.3f}ms {r['speedup']:>7.2f}x {r['floor_s']*1e3:>8.3f}ms "
+              f"{r['bound']:>7} {r['xla_of_floor']:>7.2f} {r['mirage_of_floor']:>7.2f} "
+              f"{r['plan_cold_s']:>6.1f}s {r['plan_cached_s']:>6.2f}s "
               f"{_percent(r.get('steal')):>6}")
     speedups = [r["speedup"] for r in rows]
     geo = math.exp(statistics.mean(math.log(s) for s in speedups))
     print(f"\ngeomean speedup over jax.jit: {geo:.2f}x; min {min(speedups):.2f}x")
+    memory = [r for r in rows if r["bound"] == "memory"]
+    if memory:
+        worst = max(memory, key=lambda r: r["mirage_of_floor"])
+        print(f"memory-bound cases: {len(memory)}; worst mirage/floor "
+              f"{worst['mirage_of_floor']:.2f} ({worst['program']} bs={worst['bs']})")
 
 
 def _percent(x: float | None) -> str:
