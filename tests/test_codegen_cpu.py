@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mirage_jax.codegen.cpu import TABLE, emit_cpu
+from mirage_jax.codegen.cpu import TABLE, emit_cpu, splits_loop
 from mirage_jax.errors import CompileError
 from mirage_jax.interpret import evaluate
 from mirage_jax.ir import (
@@ -334,6 +334,45 @@ def test_accumulators(rng: np.random.Generator) -> None:
     check(g, ins, tol=4e-6)
 
 
+def test_split_loops_merge_every_accumulator(rng: np.random.Generator) -> None:
+    """A grid with fewer blocks than threads runs its for-loop in parts, one per thread, and
+    merges the parts' accumulators (sum, mean, max, rms over no dim and each tile dim, and a
+    fused matmul_acc) before the epilogue; 5 iterations do not split evenly over 2 threads."""
+    bb = BlockBuilder((1, 1, 1), 5, (T(6, 20), T(20, 7)))
+    x = bb.input_iter(0, (N, N, N), 1)  # [6, 4]
+    w = bb.input_iter(1, (N, N, N), 0)  # [4, 7]
+    for op in (Op.ACC_SUM, Op.ACC_MEAN, Op.ACC_MAX, Op.ACC_RMS):
+        for dim in (N, 0, 1):
+            bb.output_saver(bb.apply(Op.EXP, bb.apply(op, x, dim=dim)), (N, N, N))
+    bb.output_saver(bb.apply(Op.ACC_SUM, bb.matmul(x, w)), (N, N, N))
+    g = _kernel(bb.build())
+    assert splits_loop(g.nodes_of(Op.GRAPH_DEF)[0].attr("block"))
+    source = emit_cpu(g, "k")
+    assert "mj::for_each_block_split<1, 1, 1, 5, block_2_state>(pool" in source
+    assert source.count(".merge(o.") == 13 and "matmul_acc(a27.out" in source
+    check(g, [rand(rng, t) for t in g.input_types], tol=4e-6)
+
+
+def test_loops_that_cannot_be_split() -> None:
+    """Online softmax (rescaled sums), a saver inside the loop, a saver of a loop-invariant
+    value and a one-iteration loop keep the plain per-block loop."""
+    attention = G.attention_fused(2, 8, 16, 128, row_blocks=2, loop=4)
+    assert not splits_loop(attention.nodes_of(Op.GRAPH_DEF)[0].attr("block"))
+    bb = BlockBuilder((1, 1, 1), 2, (T(4, 8),))
+    x = bb.input_iter(0, (N, N, N), 1)
+    bb.output_saver(bb.apply(Op.ACC_SUM, x), (N, N, N))
+    bb.output_saver(bb.apply(Op.EXP, x), (N, N, N), 1)  # saved every iteration
+    assert not splits_loop(bb.build())
+    bb = BlockBuilder((1, 1, 1), 2, (T(4, 8), T(4, 8)))
+    x = bb.input_iter(0, (N, N, N), 1)
+    bb.output_saver(bb.apply(Op.ACC_SUM, x), (N, N, N))
+    bb.output_saver(bb.input_iter(1, (N, N, N)), (N, N, N))  # loop-invariant
+    assert not splits_loop(bb.build())
+    one = G.rmsnorm_linear_fused(8, 256, 96, grid=(1, 1), loop=1)
+    assert not splits_loop(one.nodes_of(Op.GRAPH_DEF)[0].attr("block"))
+    assert "for_each_block_split" not in emit_cpu(attention, "k")
+
+
 def test_block_matmul_batch_dims(rng: np.random.Generator) -> None:
     """Tile matmul with a batch dim, accumulated over the loop (fused into matmul_acc) and not."""
     bb = BlockBuilder((2, 1, 1), 2, (T(2, 6, 8), T(2, 8, 10)))
@@ -381,6 +420,10 @@ FUSED = {
     "rmsnorm_linear": (lambda: G.rmsnorm_linear_fused(8, 256, 96, grid=(3, 2), loop=4),
                        _rmsnorm_linear),
     "gated_mlp": (lambda: G.gated_mlp_fused(8, 128, 64, grid=(2, 2), loop=4), _gated_mlp),
+    # one block: the loop runs split over the threads (mj::for_each_block_split)
+    "rmsnorm_linear_split": (lambda: G.rmsnorm_linear_fused(2, 256, 96, grid=(1, 1), loop=8),
+                             _rmsnorm_linear),
+    "gated_mlp_split": (lambda: G.gated_mlp_fused(8, 128, 64, grid=(1, 1), loop=4), _gated_mlp),
     "gated_mlp_thread": (lambda: G.gated_mlp_fused(8, 128, 64, grid=(4, 1), loop=2, thread=True),
                          _gated_mlp),
     "flash_attention": (lambda: G.attention_fused(2, 8, 16, 128, row_blocks=2, loop=4),
@@ -513,7 +556,7 @@ def test_generated_source_is_deterministic_and_short() -> None:
     g = G.rmsnorm_linear_fused(16, 4096, 4096, grid=(64, 1), loop=64)
     a, b = emit_cpu(g, "k"), emit_cpu(g, "k")
     assert a == b
-    assert len(a.splitlines()) < 60 and "mj::matmul_acc(" in a
+    assert len(a.splitlines()) < 70 and "mj::matmul_acc(" in a
 
 
 @pytest.mark.parametrize("dtype", [F32, F64])

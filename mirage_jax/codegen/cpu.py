@@ -101,6 +101,22 @@ def is_contiguous_tile(tile: tuple[int, ...], full: tuple[int, ...]) -> bool:
     return all(tile[d] == full[d] for d in range(k + 1, len(tile)))
 
 
+# Accumulators whose partial states over disjoint iterations combine (mj::AccFold::merge).
+_MERGEABLE = frozenset({Op.ACC_SUM, Op.ACC_MEAN, Op.ACC_MAX, Op.ACC_RMS})
+
+
+def splits_loop(block: BlockGraph) -> bool:
+    """Whether the runtime may split the block's for-loop over threads
+    (``mj::for_each_block_split``): a loop of 2+ iterations that only folds mergeable
+    accumulators, and savers only after the loop (a saver in the loop, or of a loop-invariant
+    value, would be written by every part)."""
+    accs = [n for n in block.nodes if n.op in ACCUMULATORS]
+    if block.forloop_range < 2 or not accs or any(n.op not in _MERGEABLE for n in accs):
+        return False
+    phases = block.phases()
+    return all(phases[n.ins[0]] is Phase.EPILOGUE for n in block.nodes_of(Op.OUTPUT_SAVER))
+
+
 def emit_cpu(graph: KernelGraph, symbol: str) -> str:
     """C++ source defining ``extern "C" int <symbol>(inputs, outputs, pool)`` for ``graph``."""
     if not isinstance(graph, KernelGraph):
@@ -322,12 +338,22 @@ class _KernelEmitter:
     def _graph_def(self, node: Node, out: str, ins: list[str]) -> str:
         block = node.attr("block")
         fname = f"block_{node.outs[0]}"
-        self.blocks.append(_BlockEmitter(block, fname).source())
-        args = ", ".join(["b", *(f"{a}.data" for a in ins),
+        emitter = _BlockEmitter(block, fname)
+        self.blocks.append(emitter.source())
+        data = ", ".join([*(f"{a}.data" for a in ins),
                           *(f"{self.name[v]}.data" for v in node.outs)])  # fmt: skip
         gx, gy, gz = block.grid
-        return (f"mj::for_each_block<{gx}, {gy}, {gz}>(pool, "
-                f"[&](const mj::BlockIdx& b) {{ {fname}({args}); }})")  # fmt: skip
+        if not emitter.split:
+            return (f"mj::for_each_block<{gx}, {gy}, {gz}>(pool, "
+                    f"[&](const mj::BlockIdx& b) {{ {fname}(b, {data}); }})")  # fmt: skip
+        st = f"{fname}_state"
+        return (
+            f"mj::for_each_block_split<{gx}, {gy}, {gz}, {block.forloop_range}, {st}>(pool, "
+            f"[&](const mj::BlockIdx& b, {st}& s, mj::i64 i0, mj::i64 i1) "
+            f"{{ {fname}_loop(b, s, i0, i1, {data}); }}, "
+            f"[]({st}& s, const {st}& o) {{ {fname}_merge(s, o); }}, "
+            f"[&](const mj::BlockIdx& b, {st}& s) {{ {fname}_post(b, s, {data}); }})"
+        )
 
 
 def _group(op: Op) -> str:
@@ -378,6 +404,7 @@ class _BlockEmitter:
         self.fused_acc: dict[int, int] = {}  # matmul value -> acc_sum node output it feeds
         self.fused_map: dict[int, Node] = {}  # elementwise value -> the node producing it
         self.direct_out: dict[int, int] = {}  # value computed in its output -> saver number
+        self.split = splits_loop(block)
 
     def source(self) -> str:
         g = self.g
@@ -393,6 +420,8 @@ class _BlockEmitter:
             params.append(f"const {_ctype(t, Op.GRAPH_DEF)}* in{i}")
         for k, t in enumerate(g.output_types):
             params.append(f"{_ctype(t, Op.GRAPH_DEF)}* out{k}")
+        if self.split:
+            return self._split_source(params)
         storage = "static thread_local " if self.frame_bytes > _STACK_FRAME_LIMIT else ""
         r = g.forloop_range
         gx, gy, gz = g.grid
@@ -402,6 +431,40 @@ class _BlockEmitter:
             f"void {self.fname}({', '.join(params)}) {{",
             *(f"  {storage}{d}" for d in self.decls),
             *_indent(self.pre + (loop if self.loop else []) + self.post, "  "),
+            "}",
+            "",
+        ]
+        return "\n".join(lines)
+
+    def _split_source(self, params: list[str]) -> str:
+        """The block as a state struct and loop / merge / post functions, for
+        mj::for_each_block_split (see splits_loop)."""
+        f, g = self.fname, self.g
+        names = [re.sub(r".*\s(\w+);$", r"\1", d) for d in self.decls]
+        accs = [n for n in names if n.startswith("a")]
+        b, rest = params[0], params[1:]
+        state = f"{f}_state& s"
+        loop = ["for (mj::i64 i = i0; i < i1; ++i) {", *_indent(self.loop, "  "), "}"]
+        loop = self.pre + loop
+        # the epilogue needs the loop-invariant views again (they are not in the state)
+        post = [line for line in self.pre if line.startswith("const auto ")] + self.post
+
+        def bind(body: list[str]) -> list[str]:
+            text = "\n".join(body)
+            return [f"auto& {n} = s.{n};" for n in names if re.search(rf"\b{n}\b", text)]
+
+        gx, gy, gz = g.grid
+        lines = [
+            f"// grid=({gx},{gy},{gz}) forloop_range={g.forloop_range}, split over iterations",
+            f"struct {f}_state {{", *(f"  {d}" for d in self.decls), "};",
+            f"void {f}_loop({', '.join([b, state, 'mj::i64 i0', 'mj::i64 i1', *rest])}) {{",
+            *_indent(bind(loop) + loop, "  "),
+            "}",
+            f"void {f}_merge({state}, const {f}_state& o) {{",
+            *(f"  s.{a}.merge(o.{a});" for a in accs),
+            "}",
+            f"void {f}_post({', '.join([b, state, *rest])}) {{",
+            *_indent(bind(post) + post, "  "),
             "}",
             "",
         ]
@@ -582,4 +645,4 @@ _BLOCK_OPS: dict[str, _BlockOp] = {
 }
 
 
-__all__ = ["TABLE", "Template", "emit_cpu", "reads_in_place"]
+__all__ = ["TABLE", "Template", "emit_cpu", "reads_in_place", "splits_loop"]

@@ -13,6 +13,9 @@ Per graph-defined kernel:
   operand that fits in the shared last-level cache costs ``llc_reread`` of a memory read;
   outputs are written once. Streams of short rows (a tile narrower than a page of its
   tensor) lose some bandwidth to the hardware prefetcher, which stops at page boundaries;
+  column strips of long rows cost nothing more: the micro-kernel reads B panel by panel
+  either way (a one-block split loop reading whole rows measured 0.9x of a 2-block grid's
+  12 KiB strips for the rmsnorm_linear bs=1 shape on the Zen 4);
 - tile copies: the emitter reads matmul operands in place but copies every other operand tile
   into a local buffer, a load and a store per element on the core;
 - flops: tile matmuls at the measured rate of the register block the runtime picks for
@@ -21,7 +24,9 @@ Per graph-defined kernel:
   accumulator updates, all times the iterations;
 - working set: the live tiles of one block (operand tiles, intermediates, accumulators); past
   L2, copies and intermediates go to memory and back, past L1 intermediates stream through L2;
-- parallelism: blocks are spread over the cores in waves; the last wave may leave cores idle
+- parallelism: a grid with fewer blocks than cores whose loop only folds mergeable
+  accumulators runs its loop split over the idle cores (``codegen.cpu.splits_loop``); blocks
+  (or parts) are spread over the cores in waves; the last wave may leave cores idle
   (``imbalance``), and every block and every iteration pays a small scheduling overhead.
 
 time = launch + max(memory time, compute time / efficiency) + spill time + overheads. Kernel-level
@@ -41,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mirage_jax.codegen.cpu import reads_in_place
+from mirage_jax.codegen.cpu import reads_in_place, splits_loop
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase
 from mirage_jax.ir.ops import ACCUMULATORS, ELEMENTWISE, REDUCTIONS, Op
 
@@ -234,10 +239,14 @@ def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "
     """The estimate for one graph-defined kernel (see the module docstring)."""
     phases = block.phases()
     R, blocks = block.forloop_range, block.num_blocks
+    # fewer blocks than cores: the runtime splits a loop of mergeable accumulators over the
+    # idle cores (mj::for_each_block_split), else the idle cores stay idle
+    parts = min(R, model.cores // blocks) if blocks < model.cores and splits_loop(block) else 1
+    tasks = blocks * parts
     read = copied = 0.0
     stream_time = 0.0  # seconds of memory time of the tile reads
-    # fewer blocks than cores leave cores idle that would pull memory too
-    bandwidth = min(model.mem_bytes_per_s, min(blocks, model.cores) * model.core_mem_bytes_per_s)
+    # cores without a task do not pull memory either
+    bandwidth = min(model.mem_bytes_per_s, min(tasks, model.cores) * model.core_mem_bytes_per_s)
     for n in block.nodes_of(Op.INPUT_ITER):
         ttype, full = block.types[n.outs[0]], block.arg_types[n.attr("arg")]
         loops = R if n.attr("fdim") != -1 else 1
@@ -271,9 +280,13 @@ def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "
         spill = inter * blocks / (model.l2_bytes_per_s * model.cores)
     else:
         spill = 0.0
-    waves = math.ceil(blocks / model.cores)
-    efficiency = blocks / (waves * model.cores)
+    waves = math.ceil(tasks / model.cores)
+    efficiency = tasks / (waves * model.cores)
     seconds += copied / model.l2_bytes_per_s  # a load and a store per copied element
+    if parts > 1:  # merging the parts' accumulators, in L2
+        acc_bytes = sum(block.types[n.outs[0]].nbytes for n in block.nodes
+                        if n.op in ACCUMULATORS)  # fmt: skip
+        seconds += 2.0 * acc_bytes * blocks * (parts - 1) / model.l2_bytes_per_s
     compute = seconds / model.cores / efficiency
     memory = stream_time + written / bandwidth
     overhead = (blocks * model.block_s + blocks * R * model.iteration_s) / model.cores

@@ -52,6 +52,11 @@ struct AccFold {
       reduce_into<R, Dim>(out, x);
     }
   }
+  // Folds in the state of the same loop over other iterations (a split loop's other part).
+  MJ_INLINE void merge(const AccFold& other) {
+    for (i64 j = 0; j < reduced_t<Sh, Dim>::size; ++j)
+      out.data[j] = R::combine(out.data[j], other.out.data[j]);
+  }
   MJ_INLINE void finish() {
     if constexpr (R::has_finish) {
       for (auto& v : out.data) v = R::finish(v, Count);
