@@ -63,11 +63,11 @@ def compare(
     budget_s`` seconds of timing for both together, at least 8 calls each (who goes first
     alternates too).
 
-    Blocks, not single calls: the first call of one executable right after another's pays a
-    switch cost (XLA's worker threads still hold the second core; measured 40-110 us on a
-    2-core host), which single-call alternation charges to every sample of a sub-millisecond
-    program. A block of up to 8 calls, about 20 ms of work, keeps that cost out of the
-    median while still alternating many times a second.
+    Blocks, not single calls: the first calls of one executable right after another's pay a
+    switch cost (measured 40-110 us on the first and less on the second, on a 2-core host),
+    which single-call alternation charges to every sample of a sub-millisecond program. A
+    block of up to 16 calls, about 20 ms of work, keeps that cost out of the median while
+    still alternating many times a second.
     """
     args = device_args(args)
     for _ in range(2):
@@ -94,4 +94,4 @@ def _block_size(candidate: Callable[..., Any], baseline: Callable[..., Any],
     jax.block_until_ready(candidate(*args))
     jax.block_until_ready(baseline(*args))
     per_call = (time.perf_counter() - start) / 2
-    return max(1, min(8, int(0.02 / max(per_call, 1e-9))))
+    return max(1, min(16, int(0.02 / max(per_call, 1e-9))))

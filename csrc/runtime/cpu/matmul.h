@@ -144,11 +144,13 @@ MJ_INLINE void gemm_chunk(T* C, const T* A, const T* B) {
 //   1.17-1.35x faster (a 4096 x 6144 weight), M = 4 with 16 rows 1.16x, M = 8 no faster with
 //   fewer than 32 (0.92x at 16: the C reloads cost more than the streams gain).
 // - Taller products are bound by the FMAs, and C, too big for L1 past 8 rows, comes back from
-//   L2 every pass: 128-row passes (24 KiB of B per 48-column panel still fit L1) measured
-//   ~20% faster than 32 or 64 on 16-64 rows streaming a 4096-row B on both cores, and no
-//   slower on tiles in cache.
+//   L2 every pass: 128-row passes (24 KiB of B per 48-column panel still fit L1) for tiles
+//   in cache; streamed, 2 rows of B per row of C up to 128 (on the Zen 4, against 128:
+//   M = 16 with 32 rows 1.2x faster, M = 32 with 64 1.07x, M = 64 best at 128).
 template <i64 M, bool STREAM>
-inline constexpr i64 kGemmKC = M <= 8 ? (STREAM ? (M <= 2 ? 4 : 4 * M) : 64) : 128;
+inline constexpr i64 kGemmKC =
+    !STREAM ? (M <= 8 ? 64 : 128)
+            : (M <= 2 ? 4 : (M <= 8 ? 4 * M : (2 * M < 128 ? 2 * M : 128)));
 
 // C[M, N] (+)= A[M, K] @ B[K, N] with leading dims LDA, LDB, LDC.
 // PF: see micro. STREAM (B is read from memory, not from a tile in cache): every pass but the
