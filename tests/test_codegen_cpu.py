@@ -355,7 +355,8 @@ def test_split_loops_merge_every_accumulator(rng: np.random.Generator) -> None:
 
 def test_loops_that_cannot_be_split() -> None:
     """Online softmax (rescaled sums), a saver inside the loop, a saver of a loop-invariant
-    value and a one-iteration loop keep the plain per-block loop."""
+    value, loop-invariant compute, a one-iteration loop and accumulators past 256 KiB keep the
+    plain per-block loop."""
     attention = G.attention_fused(2, 8, 16, 128, row_blocks=2, loop=4)
     assert not splits_loop(attention.nodes_of(Op.GRAPH_DEF)[0].attr("block"))
     bb = BlockBuilder((1, 1, 1), 2, (T(4, 8),))
@@ -370,6 +371,15 @@ def test_loops_that_cannot_be_split() -> None:
     assert not splits_loop(bb.build())
     one = G.rmsnorm_linear_fused(8, 256, 96, grid=(1, 1), loop=1)
     assert not splits_loop(one.nodes_of(Op.GRAPH_DEF)[0].attr("block"))
+    bb = BlockBuilder((1, 1, 1), 2, (T(4, 8), T(8, 8), T(4, 16)))
+    x, w = bb.input_iter(0, (N, N, N)), bb.input_iter(1, (N, N, N))
+    hoisted = bb.matmul(x, w)  # loop-invariant: each part would compute it again
+    bb.output_saver(bb.apply(Op.ADD, hoisted, bb.apply(Op.ACC_SUM, bb.input_iter(2, (N, N, N), 1))),
+                    (N, N, N))  # fmt: skip
+    assert not splits_loop(bb.build())
+    for m, split in ((2, True), (16, False)):  # 48 KiB of accumulators split, 384 KiB not
+        big = G.rmsnorm_linear_fused(m, 4096, 6144, grid=(1, 1), loop=8)
+        assert splits_loop(big.nodes_of(Op.GRAPH_DEF)[0].attr("block")) is split
     assert "for_each_block_split" not in emit_cpu(attention, "k")
 
 

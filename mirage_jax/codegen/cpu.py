@@ -103,17 +103,27 @@ def is_contiguous_tile(tile: tuple[int, ...], full: tuple[int, ...]) -> bool:
 
 # Accumulators whose partial states over disjoint iterations combine (mj::AccFold::merge).
 _MERGEABLE = frozenset({Op.ACC_SUM, Op.ACC_MEAN, Op.ACC_MAX, Op.ACC_RMS})
+# Accumulator bytes of one block above which a split loop measured slower than any N-split
+# grid on the 2-core Zen 4 (rmsnorm_linear bs=8, 384 KiB: 0.5x), while 48 KiB (bs=1) and
+# 256 KiB (gated_mlp bs=1) ran as fast as the best grid.
+_SPLIT_STATE_LIMIT = 256 * 1024
 
 
 def splits_loop(block: BlockGraph) -> bool:
     """Whether the runtime may split the block's for-loop over threads
     (``mj::for_each_block_split``): a loop of 2+ iterations that only folds mergeable
-    accumulators, and savers only after the loop (a saver in the loop, or of a loop-invariant
-    value, would be written by every part)."""
+    accumulators of at most ``_SPLIT_STATE_LIMIT`` bytes, no loop-invariant work but input
+    tiles (every part would redo it), and savers only after the loop (a saver in the loop, or
+    of a loop-invariant value, would be written by every part)."""
     accs = [n for n in block.nodes if n.op in ACCUMULATORS]
     if block.forloop_range < 2 or not accs or any(n.op not in _MERGEABLE for n in accs):
         return False
+    if sum(block.types[n.outs[0]].nbytes for n in accs) > _SPLIT_STATE_LIMIT:
+        return False
     phases = block.phases()
+    if any(phases[n.outs[0]] is Phase.INVARIANT and n.op is not Op.INPUT_ITER
+           for n in block.nodes if n.outs):  # fmt: skip
+        return False  # every part would compute it again (a hoisted matmul: 2x the work)
     return all(phases[n.ins[0]] is Phase.EPILOGUE for n in block.nodes_of(Op.OUTPUT_SAVER))
 
 
