@@ -34,6 +34,8 @@ def test_probe_measures_this_host_once_and_caches_the_figures(fresh, monkeypatch
     assert figures["matmul8"] > 1.2 * figures["matmul1"], figures
     assert 1e9 < figures["vector"] < 1e12, figures
     assert 1e8 < figures["core_stream"] < 1e12 and 1e8 < figures["all_stream"] < 1e12, figures
+    # seconds per row of a strided strip: between nothing and a page walk to memory
+    assert 0 < figures["strided_revisit"] < 1e-6 and 0 < figures["strided_row"] < 1e-6, figures
     (cached,) = (fresh / "calibration").glob("*.json")
     assert json.loads(cached.read_text()) == figures
 
@@ -47,6 +49,8 @@ def test_probe_measures_this_host_once_and_caches_the_figures(fresh, monkeypatch
     assert model.mem_bytes_per_s == figures["all_stream"]
     assert model.core_mem_bytes_per_s == figures["core_stream"]
     assert model.vector_elems == figures["vector"] and model.cores == os.cpu_count()
+    assert model.strided_row_s == figures["strided_row"]
+    assert model.strided_revisit_s == figures["strided_revisit"]
 
 
 def test_calibration_can_be_turned_off(fresh, monkeypatch):
@@ -79,3 +83,63 @@ def test_matmul_rate_follows_the_measured_register_block_rates():
     assert rate(12, 4096, model) == pytest.approx(60e9)
     slow = dataclasses.replace(model, matmul_rates=(5e9, 10e9, 20e9, 40e9))
     assert rate(8, 4096, slow) == pytest.approx(rate(8, 4096, model) / 2)
+
+
+def _strip_kernel(cols: int, n: int = 4096) -> str:
+    """C = A @ B with a loop over column strips of B ([4096, n]) of ``cols`` columns."""
+    return f"""kernel {{
+  %0 = input : f32[32,4096]
+  %1 = input : f32[4096,{n}]
+  %2 = graph_def(%0, %1) : f32[32,{n}] block grid=(1,1,1) forloop={n // cols} args=(f32[32,4096], f32[4096,{n}]) {{
+    %0 = input_iter[arg=0, fdim=-1, imap=(-1,-1,-1)] : f32[32,4096]
+    %1 = input_iter[arg=1, fdim=1, imap=(-1,-1,-1)] : f32[4096,{cols}]
+    %2 = matmul(%0, %1) : f32[32,{cols}]
+    output_saver[fdim=1, omap=(-1,-1,-1)](%2)
+  }}
+  output(%2)
+}}"""  # noqa: E501
+
+
+def test_narrow_strips_of_a_wide_weight_pay_a_miss_per_row_and_contiguous_ones_do_not():
+    from mirage_jax.ir.text import parse
+
+    model = cost_model.DEFAULT_MODEL
+    narrow = cost_model.estimate(parse(_strip_kernel(16)), model).time_s
+    wide = cost_model.estimate(parse(_strip_kernel(256)), model).time_s
+    # 256 strips x 4096 rows x (one first visit + 3 further row panels of C's 32 rows)
+    misses = 256 * 4096 * (model.strided_row_s + 3 * model.strided_revisit_s)
+    assert narrow - wide == pytest.approx(misses, rel=0.1)
+    free = dataclasses.replace(model, strided_row_s=0.0, strided_revisit_s=0.0)
+    assert cost_model.estimate(parse(_strip_kernel(16)), free).time_s == pytest.approx(
+        wide, rel=0.1)
+    # the same strip shape over a weight only 16 columns wide is one contiguous run
+    contiguous = parse(_strip_kernel(16, n=16))
+    block = contiguous.block_graphs[0]
+    (mm,) = block.nodes_of(cost_model.Op.MATMUL)
+    assert cost_model._strided_rows(block, mm, model) == 0.0
+
+
+def test_a_loop_invariant_weight_past_the_caches_is_read_again_every_iteration():
+    from mirage_jax.ir.text import parse
+
+    def rows_loop(loop: int) -> str:
+        rows = 2 // loop
+        return f"""kernel {{
+  %0 = input : f32[2,4096]
+  %1 = input : f32[4096,6144]
+  %2 = graph_def(%0, %1) : f32[2,6144] block grid=(2,1,1) forloop={loop} args=(f32[2,4096], f32[4096,6144]) {{
+    %0 = input_iter[arg=0, fdim={0 if loop > 1 else -1}, imap=(-1,-1,-1)] : f32[{rows},4096]
+    %1 = input_iter[arg=1, fdim=-1, imap=(1,-1,-1)] : f32[4096,3072]
+    %2 = matmul(%0, %1) : f32[{rows},3072]
+    output_saver[fdim={0 if loop > 1 else -1}, omap=(1,-1,-1)](%2)
+  }}
+  output(%2)
+}}"""  # noqa: E501
+
+    model = cost_model.DEFAULT_MODEL
+    once = cost_model.estimate(parse(rows_loop(1)), model)
+    twice = cost_model.estimate(parse(rows_loop(2)), model)
+    weight = 4096 * 6144 * 4
+    # 48 MiB per block does not stay in any cache: the second row streams it again
+    assert twice.bytes - once.bytes == pytest.approx(weight, rel=0.01)
+    assert twice.time_s > 1.7 * once.time_s

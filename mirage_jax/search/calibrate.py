@@ -2,7 +2,8 @@
 
 ``host_model()`` returns a ``CpuModel`` whose rates were measured on this machine by the
 runtime's own code (``csrc/runtime/cpu/calibrate.h``): the matmul micro-kernel at 1, 2, 4 and
-8 rows, an elementwise map, and streaming reads from memory on one core and on all. Hosts
+8 rows, an elementwise map, streaming reads from memory on one core and on all, and the
+cost of a matmul reading a narrow column strip of a wide weight row by row. Hosts
 differ by more than 2x in these (the project has run on Zen 5 and on Zen 4 machines), and a
 model tuned on one misorders the candidates of the other before the timing step sees them.
 
@@ -38,7 +39,7 @@ MJ_EXPORT void {_SYMBOL}(double* out) {{ mj::probe::run(out); }}
 """
 # the probe's fields (calibrate.h, enum Field), in order
 _FIELDS = ("matmul1", "matmul2", "matmul4", "matmul8", "vector", "core_stream", "all_stream",
-           "cores")  # fmt: skip
+           "cores", "strided_row", "strided_revisit")  # fmt: skip
 
 log = logging.getLogger("mirage_jax.search")
 
@@ -85,6 +86,8 @@ def model_from(figures: dict[str, float]) -> CpuModel:
         core_mem_bytes_per_s=figures["core_stream"],
         matmul_rates=rates,
         vector_elems=figures["vector"],
+        strided_row_s=figures["strided_row"],
+        strided_revisit_s=figures["strided_revisit"],
     )
 
 
@@ -119,7 +122,9 @@ def _describe(f: dict[str, float]) -> str:
     mm = "/".join(f"{f[f'matmul{m}'] / 1e9:.0f}" for m in (1, 2, 4, 8))
     return (f"matmul {mm} GFLOP/s per core (1/2/4/8 rows), map {f['vector'] / 1e9:.0f} G/s per "
             f"core, memory {f['core_stream'] / 1e9:.1f} GB/s one core, "
-            f"{f['all_stream'] / 1e9:.1f} GB/s all {int(f['cores'])}")  # fmt: skip
+            f"{f['all_stream'] / 1e9:.1f} GB/s all {int(f['cores'])}, strided strip rows "
+            f"{f['strided_row'] * 1e9:.1f} ns first, {f['strided_revisit'] * 1e9:.1f} ns "
+            "again")  # fmt: skip
 
 
 __all__ = ["CALIBRATE_ENV", "calibration_enabled", "host_model", "measurements", "model_from"]

@@ -8,9 +8,11 @@ dimension with accumulators in L1/L2, and a thread graph is one fused SIMD loop.
 
 Per graph-defined kernel:
 
-- bytes from memory: every operand tile a block reads (loop-varying tiles once per iteration),
-  summed over the blocks, i.e. replicated operands are re-read by every block; a re-read of an
-  operand that fits in the shared last-level cache costs ``llc_reread`` of a memory read;
+- bytes from memory: every operand tile a block reads (loop-varying tiles once per iteration,
+  loop-invariant tiles that a matmul in the loop reads in place also once per iteration unless
+  they stay in L2), summed over the blocks, i.e. replicated operands are re-read by every
+  block; a re-read of an operand that fits in the shared last-level cache costs
+  ``llc_reread`` of a memory read;
   outputs are written once. Streams of short rows (a tile narrower than a page of its
   tensor) lose some bandwidth to the hardware prefetcher, which stops at page boundaries;
   column strips of long rows cost nothing more: the micro-kernel reads B panel by panel
@@ -19,7 +21,9 @@ Per graph-defined kernel:
 - tile copies: the emitter reads matmul operands in place but copies every other operand tile
   into a local buffer, a load and a store per element on the core;
 - flops: tile matmuls at the measured rate of the register block the runtime picks for
-  their M (``matmul.h``: all rows of a skinny product in one panel), elementwise ops and reductions
+  their M (``matmul.h``: all rows of a skinny product in one panel), plus a miss per row
+  where B is a narrow strip of a wide tensor read in place (``_strided_rows``, calibrated),
+  elementwise ops and reductions
   at the vector rate (transcendentals and divides cost ``_ELEMENT_OPS`` element operations),
   accumulator updates, all times the iterations;
 - working set: the live tiles of one block (operand tiles, intermediates, accumulators); past
@@ -86,6 +90,10 @@ class CpuModel:
     launch_s: float = 3e-6  # one parallel region
     block_s: float = 0.4e-6  # scheduling one block
     iteration_s: float = 0.03e-6  # one for-loop iteration of one block
+    # a matmul reading B in place as a strip of short rows, each on its own page: seconds per
+    # row for the first row panel of C and for each further one (``_strided_rows``)
+    strided_row_s: float = 7e-9
+    strided_revisit_s: float = 1e-9
 
 
 DEFAULT_MODEL = CpuModel()
@@ -157,12 +165,7 @@ def _matmul_rate(m: int, n: int, model: CpuModel) -> float:
     that ratio scales the measured rate. Ragged edges run partly empty panels.
     """
     lanes, regs = model.simd_lanes, model.acc_regs
-    if m <= 8 and 2 * m <= regs:
-        mr = m
-    elif m % 8 == 0 and regs >= 24:
-        mr = 8
-    else:
-        mr = 6
+    mr = _register_rows(m, model)
     vecs = math.ceil(n / lanes)
     full = max(1, min(regs // mr, 8))
     nv = min(vecs, full)
@@ -170,6 +173,13 @@ def _matmul_rate(m: int, n: int, model: CpuModel) -> float:
     cols = n / (vecs * lanes)
     narrow = _step_efficiency(mr, nv, model) / _step_efficiency(mr, full, model)
     return _block_rate(mr, model) * narrow * rows * cols
+
+
+def _register_rows(m: int, model: CpuModel) -> int:
+    """Rows of C per register block (``Blocking::pick_mr`` in matmul.h)."""
+    if m <= 8 and 2 * m <= model.acc_regs:
+        return m
+    return 8 if m % 8 == 0 and model.acc_regs >= 24 else 6
 
 
 def _step_efficiency(mr: int, nv: int, model: CpuModel) -> float:
@@ -220,7 +230,7 @@ def _node_flops(block: BlockGraph, node: Node, model: CpuModel) -> tuple[float, 
         out = types[node.outs[0]]
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         flops = 2.0 * (out.size // n) * n * k
-        return flops, flops / _matmul_rate(m, n, model)
+        return flops, flops / _matmul_rate(m, n, model) + _strided_rows(block, node, model)
     if node.op is Op.THREAD:
         inner = node.attr("graph")
         size = types[node.outs[0]].size
@@ -232,6 +242,34 @@ def _node_flops(block: BlockGraph, node: Node, model: CpuModel) -> tuple[float, 
         work = _elem_cost(node.op, size)
         return float(size), work / model.vector_elems
     return 0.0, 0.0
+
+
+# B rows shorter than this, one per page, miss in every cache level on every visit: the
+# adjacent-line prefetch covers a row of a few lines, the stride prefetcher stops at pages,
+# and rows a multiple of 4 KiB apart share a handful of cache sets (measured on the Zen 4:
+# 16- and 32-column strips of a 4096-wide weight 2-4x slower than contiguous; 128 columns
+# and more, or K <= 512 rows, at the in-cache rate)
+_STRIP_ROW_BYTES = 512
+
+
+def _strided_rows(block: BlockGraph, node: Node, model: CpuModel) -> float:
+    """Seconds a tile matmul waits on B beyond its FMAs when B is a narrow strip read in
+    place from a tensor whose rows lie a page or more apart: a miss per row in the first
+    row panel of C (``strided_row_s``) and a cheaper one in every further panel."""
+    b = node.ins[1]
+    src = block.producer(b)
+    if src.op is not Op.INPUT_ITER or not reads_in_place(block, b):
+        return 0.0
+    tile, full = block.types[b], block.arg_types[src.attr("arg")]
+    itemsize = tile.dtype.itemsize
+    row_bytes, stride = tile.shape[-1] * itemsize, full.shape[-1] * itemsize
+    k = tile.shape[-2]
+    if row_bytes >= _STRIP_ROW_BYTES or stride < model.page_bytes or k <= 512:
+        return 0.0
+    m = block.types[node.ins[0]].shape[-2]
+    panels = math.ceil(m / _register_rows(m, model))
+    batch = tile.size // (k * tile.shape[-1])
+    return batch * k * (model.strided_row_s + (panels - 1) * model.strided_revisit_s)
 
 
 def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "graph_def"
@@ -251,12 +289,15 @@ def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "
         ttype, full = block.types[n.outs[0]], block.arg_types[n.attr("arg")]
         loops = R if n.attr("fdim") != -1 else 1
         total = ttype.nbytes * loops * blocks
-        if not reads_in_place(block, n.outs[0]):
+        in_place = reads_in_place(block, n.outs[0])
+        if not in_place:
             copied += total
         unique = full.nbytes
         rereads = max(0.0, total - unique)
         factor = model.llc_reread if unique <= model.llc_bytes else 1.0
         nbytes = min(total, unique) + rereads * factor
+        if in_place and loops == 1:
+            nbytes += _invariant_rereads(block, n, ttype.nbytes, tasks, model)
         read += nbytes
         eff = _stream_efficiency(ttype.shape, full.shape, ttype.dtype.itemsize, model)
         stream_time += nbytes / (bandwidth * eff)
@@ -293,6 +334,23 @@ def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "
     # spills stall the cores whether the kernel is bound by memory or by compute
     t = model.launch_s + max(memory, compute) + spill + overhead
     return KernelCost(what, t, read + written + extra_memory, flops, blocks, ws, 1.0 - efficiency)
+
+
+def _invariant_rereads(block: BlockGraph, node: Node, tile_bytes: int, tasks: int,
+                       model: CpuModel) -> float:  # fmt: skip
+    """Bytes from memory of the iterations after the first reading a loop-invariant tile
+    that matmuls in the loop body read in place: the matmul streams it from the tensor every
+    iteration, so a tile past L2 comes from the LLC again or, past that, from memory
+    (rmsnorm_linear bs=1 looping over x's 2 rows against a 48 MiB weight strip measured 1.8x
+    of the one-iteration grid that the model had tied with it)."""
+    R = block.forloop_range
+    phases = block.phases()
+    in_body = any(phases[u.outs[0]] is Phase.BODY for u in block.users(node.outs[0]))
+    if R == 1 or not in_body or tile_bytes <= model.l2_bytes // 2:
+        return 0.0
+    live = tile_bytes * min(tasks, model.cores)  # what the cores' tiles hold of the LLC
+    factor = model.llc_reread if live <= model.llc_bytes // 2 else 1.0
+    return float(tile_bytes) * (R - 1) * block.num_blocks * factor
 
 
 def working_set(block: BlockGraph) -> int:

@@ -28,6 +28,8 @@ enum Field : int {
   kCoreStream,    // bytes/s one core reads contiguously from memory
   kAllStream,     // bytes/s all cores read contiguously
   kCores,
+  kStridedRow,      // seconds of a matmul's first read of one row of a narrow strip of B
+  kStridedRevisit,  // seconds of every further row panel's read of that row
   kFields
 };
 
@@ -70,6 +72,36 @@ double matmul_rate() {
   const double s = median_seconds(9, run);
   std::free(a), std::free(b), std::free(c);
   return 2.0 * M * N * K * CALLS / s;
+}
+
+// Seconds per call of C[M, 16] += A[M, 4096] @ B[4096, 16], B a column strip of a matrix
+// with rows of LDB floats (LDB = 16: contiguous).
+template <i64 M, i64 LDB>
+double strip_seconds() {
+  constexpr i64 K = 4096, N = 16, CALLS = 16;
+  float* a = alloc<float>(M * K, 0.5f);
+  float* b = alloc<float>(K * LDB, 0.25f);
+  float* c = alloc<float>(M * N, 0.0f);
+  auto run = [&] {
+    for (i64 r = 0; r < CALLS; ++r) gemm<float, M, N, K, K, LDB, N, true>(c, a, b);
+  };
+  run();
+  const double s = median_seconds(9, run);
+  std::free(a), std::free(b), std::free(c);
+  return s / CALLS;
+}
+
+// A one-vector strip of a weight with 16 KiB rows puts every row of B on its own page and
+// in the same few cache sets: the prefetchers do not follow it and it does not stay in L2
+// between row panels, so each row costs a miss, not FMAs (8 rows of C measured 4x slower
+// than with the strip contiguous on the Zen 4). Per row: the first panel's visit, and each
+// further panel's (32 rows of C are 4 panels of 8).
+inline void strided_rows(double* first, double* revisit) {
+  constexpr double K = 4096;
+  const double one = strip_seconds<8, 4096>() - strip_seconds<8, 16>();
+  const double four = strip_seconds<32, 4096>() - strip_seconds<32, 16>();
+  *first = std::max(one / K, 1e-12);
+  *revisit = std::max((four - one) / (3 * K), 1e-12);
 }
 
 double vector_rate() {
@@ -143,6 +175,7 @@ inline void run(double* out) {
   out[kVector] = vector_rate();
   stream_rates(cores, &out[kCoreStream], &out[kAllStream]);
   out[kCores] = cores;
+  strided_rows(&out[kStridedRow], &out[kStridedRevisit]);
 }
 
 }  // namespace mj::probe
