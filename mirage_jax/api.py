@@ -173,7 +173,12 @@ def _build_plan(
     options: OptimizeOptions,
 ) -> Plan:  # fmt: skip
     program = trace(fn, *args, static_argnums=static_argnums)
-    regions = tuple(plan_region(program, region, options) for region in program.regions)
+    # a first call inside the user's own jit (args are tracers) plans all the same: the
+    # search, verification and timing run on concrete random inputs and must run now, not be
+    # staged into the user's trace (tracing itself stays outside: under compile-time eval,
+    # jnp.mean's divisor would become a captured constant instead of a literal)
+    with jax.ensure_compile_time_eval():
+        regions = tuple(plan_region(program, region, options) for region in program.regions)
     impls = {p.index: p.impl for p in regions if p.impl is not None}
     for p in regions:
         log.info("%s", p.describe())

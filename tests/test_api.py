@@ -150,3 +150,23 @@ def test_xla_strategy_and_bad_options():
     assert "strategy 'xla'" in f.explain(np.ones(3, np.float32))
     with pytest.raises(MirageError, match="unknown strategy 'fast'"):
         mj.optimize(lambda x: x, strategy="fast")
+
+
+def test_first_call_inside_the_users_jit_and_vmap_plans_and_matches_jit():
+    def f(x, w):
+        return jnp.tanh(x @ w) * 2.0
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 16), np.float32)
+    w = rng.standard_normal((16, 32), np.float32)
+    fast = mj.optimize(f, strategy="as_is", require_speedup=False)
+
+    @jax.jit
+    def outer(x, w):  # plans while x and w are tracers of this jit
+        return fast(x, w).sum(-1) + 1.0
+
+    _close(outer(x, w), jax.jit(lambda x, w: f(x, w).sum(-1) + 1.0)(x, w))
+    plan = fast.plan(x, w)  # the eager call's plan is the one the trace made
+    assert len(fast._plans) == 1 and [p.impl is not None for p in plan.regions] == [True]
+    xs, ws = np.stack([x, 2 * x]), np.stack([w, w[::-1]])
+    _close(jax.vmap(fast)(xs, ws), jax.vmap(jax.jit(f))(xs, ws))
