@@ -6,8 +6,9 @@
 For every program and batch size: jax.jit median time, mirage_jax.optimize median time, the
 speedup, this machine's roofline floor (max of bytes / measured memory bandwidth and flops /
 measured matmul rate), the fraction of the floor each reaches, the cold planning time (trace,
-search, compile, verify, time; empty cache), the planning time from the on-disk cache, and
-the share of CPU time the hypervisor stole while the case was timed (a noisy-neighbour flag).
+search, compile, verify, time; empty cache) with the search's and the C++ compiler's share of
+it, the planning time from the on-disk cache (which searches and compiles nothing), and the
+share of CPU time the hypervisor stole while the case was timed (a noisy-neighbour flag).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 
 import mirage_jax as mj
 from mirage_jax import suite
+from mirage_jax.codegen.build import build_stats, reset_build_stats
 from mirage_jax.ir import Op
 from mirage_jax.timing import compare, median_seconds
 
@@ -106,12 +108,14 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, flo
     with tempfile.TemporaryDirectory() as cache_dir:
         os.environ["MIRAGE_JAX_CACHE_DIR"] = cache_dir
         fast = mj.optimize(program.fn, strategy=args_ns.strategy)
+        reset_build_stats()
         t0 = time.perf_counter()
         plan = fast.plan(*args)
         cold = time.perf_counter() - t0
+        built = build_stats()
         warm_fn = mj.optimize(program.fn, strategy=args_ns.strategy)
         t0 = time.perf_counter()
-        warm_fn.plan(*args)
+        warm_plan = warm_fn.plan(*args)
         warm = time.perf_counter() - t0
     os.environ.pop("MIRAGE_JAX_CACHE_DIR")
 
@@ -121,29 +125,31 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, flo
     ticks = cpu_ticks()
     t_mj, t_xla = compare(fast, xla, args, rounds=args_ns.rounds, budget_s=0.5)
     steal = steal_share(ticks, cpu_ticks())
-    search_s = sum(
-        getattr(p.search_report, "elapsed_s", 0.0) or 0.0 for p in plan.regions if p.search_report
-    )
+    search_s = sum(p.search_report.total_s for p in plan.regions if p.search_report)
+    searched_again = sum(p.search_report is not None for p in warm_plan.regions)
     return {
         "program": program.name, "bs": bs, "bound": bound, "xla_s": t_xla, "mirage_s": t_mj,
         "speedup": t_xla / t_mj, "floor_s": floor, "xla_of_floor": t_xla / floor,
         "mirage_of_floor": t_mj / floor, "plan_cold_s": cold, "plan_cached_s": warm,
-        "search_s": search_s, "max_rel_err": err, "steal": steal,
+        "search_s": search_s, "searches_from_cache": searched_again,
+        "compile_s": built.compile_s, "compiles": built.compiles, "max_rel_err": err,
+        "steal": steal,
         "regions": [p.describe() for p in plan.regions],
     }  # fmt: skip
 
 
 def print_table(rows: list[dict]) -> None:
     head = (f"{'program':16} {'bs':>2} {'jax.jit':>10} {'mirage':>10} {'speedup':>8} "
-            f"{'floor':>10} {'bound':>7} {'xla/fl':>7} {'mj/fl':>7} {'cold':>7} {'cached':>7} "
-            f"{'steal':>6}")  # fmt: skip
+            f"{'floor':>10} {'bound':>7} {'xla/fl':>7} {'mj/fl':>7} {'cold':>7} {'search':>7} "
+            f"{'compile':>8} {'cached':>7} {'steal':>6}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['program']:16} {r['bs']:>2} {r['xla_s']*1e3:>8.3f}ms "
               f"{r['mirage_s']*1e3:>8.3f}ms {r['speedup']:>7.2f}x {r['floor_s']*1e3:>8.3f}ms "
               f"{r['bound']:>7} {r['xla_of_floor']:>7.2f} {r['mirage_of_floor']:>7.2f} "
-              f"{r['plan_cold_s']:>6.1f}s {r['plan_cached_s']:>6.2f}s "
+              f"{r['plan_cold_s']:>6.1f}s {r['search_s']:>6.1f}s {r['compile_s']:>7.1f}s "
+              f"{r['plan_cached_s']:>6.2f}s "
               f"{_percent(r.get('steal')):>6}")
     speedups = [r["speedup"] for r in rows]
     geo = math.exp(statistics.mean(math.log(s) for s in speedups))
