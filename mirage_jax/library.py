@@ -107,8 +107,9 @@ def write_library(regions: Sequence[Any], out_dir: str | Path) -> Path:
 
 def _cmakelists(isa: str) -> str:
     from mirage_jax.codegen.isa import isa_flags
+    from mirage_jax.search.calibrate import kernel_flags
 
-    flags = " ".join(("-O3", *isa_flags(isa)))
+    flags = " ".join(("-O3", *isa_flags(isa), *kernel_flags()))
     return f"""cmake_minimum_required(VERSION 3.18)
 project(mirage_kernels CXX)
 file(GLOB MJ_SOURCES CONFIGURE_DEPENDS ${{CMAKE_CURRENT_SOURCE_DIR}}/sources/*.cpp)

@@ -158,9 +158,11 @@ def compile_graph(graph: KernelGraph) -> Callable[..., Any]:
     from mirage_jax.codegen.build import compile_shared_library
     from mirage_jax.codegen.cpu import emit_cpu
     from mirage_jax.runtime import load_kernel
+    from mirage_jax.search.calibrate import kernel_flags
 
     symbol = "mj_" + graph.fingerprint()[:24]
-    lib = compile_shared_library(emit_cpu(graph, symbol), name_hint=symbol)
+    lib = compile_shared_library(emit_cpu(graph, symbol), name_hint=symbol,
+                                 extra_flags=kernel_flags())  # fmt: skip
     return _call(load_kernel(lib, symbol), graph)
 
 

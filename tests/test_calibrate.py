@@ -36,6 +36,8 @@ def test_probe_measures_this_host_once_and_caches_the_figures(fresh, monkeypatch
     assert 1e8 < figures["core_stream"] < 1e12 and 1e8 < figures["all_stream"] < 1e12, figures
     # seconds per row of a strided strip: between nothing and a page walk to memory
     assert 0 < figures["strided_revisit"] < 1e-6 and 0 < figures["strided_row"] < 1e-6, figures
+    # a ratio of two timings of one product: hosts seen give 0.8 (Ice Lake) to ~1.3 (Zen 4)
+    assert 0.3 < figures["stream_prefetch_gain"] < 3, figures
     (cached,) = (fresh / "calibration").glob("*.json")
     assert json.loads(cached.read_text()) == figures
 
@@ -56,7 +58,27 @@ def test_probe_measures_this_host_once_and_caches_the_figures(fresh, monkeypatch
 def test_calibration_can_be_turned_off(fresh, monkeypatch):
     monkeypatch.setenv(calibrate.CALIBRATE_ENV, "0")
     assert calibrate.host_model() is cost_model.DEFAULT_MODEL
+    assert calibrate.kernel_flags() == ()
     assert not (fresh / "calibration").exists()
+
+
+@pytest.mark.parametrize("gain, flags", [(0.8, ("-DMJ_STREAM_PREFETCH=0",)), (0.97, ()),
+                                         (1.3, ())])  # fmt: skip
+def test_kernels_drop_software_prefetch_only_where_it_measured_clearly_slower(
+        fresh, monkeypatch, gain, flags):  # fmt: skip
+    monkeypatch.setattr(calibrate, "measurements", lambda: {"stream_prefetch_gain": gain})
+    assert calibrate.kernel_flags() == flags
+
+
+def test_kernel_flags_fall_back_to_the_defaults_when_the_probe_fails(fresh, monkeypatch,
+                                                                       caplog):  # fmt: skip
+    def broken():
+        raise CompileError("no compiler")
+
+    monkeypatch.setattr(calibrate, "measurements", broken)
+    with caplog.at_level(logging.WARNING, logger="mirage_jax.search"):
+        assert calibrate.kernel_flags() == ()
+    assert "no compiler" in caplog.text and "defaults" in caplog.text
 
 
 def test_a_probe_that_cannot_build_falls_back_to_the_defaults_and_says_so(fresh, monkeypatch,

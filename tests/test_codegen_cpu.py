@@ -10,6 +10,8 @@ function. Ops are grouped into one kernel graph per test to keep the compile cou
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import subprocess
 from pathlib import Path
 
 import jax
@@ -59,13 +61,14 @@ def T(*shape: int, dtype: DType = F32) -> TensorType:
 # ---------------------------------------------------------------------------------- harness
 
 
-def run_cpu(graph: KernelGraph, inputs: list[np.ndarray]) -> list[np.ndarray]:
+def run_cpu(graph: KernelGraph, inputs: list[np.ndarray], flags: tuple[str, ...] = ()
+            ) -> list[np.ndarray]:  # fmt: skip
     """Emit, compile (build.py), register (runtime) and call ``graph`` inside jax.jit."""
     from mirage_jax.codegen.build import compile_shared_library
     from mirage_jax.runtime import kernel_call, load_kernel
 
     symbol = "mj_test_" + graph.fingerprint()[:20]
-    lib = compile_shared_library(emit_cpu(graph, symbol), name_hint=symbol)
+    lib = compile_shared_library(emit_cpu(graph, symbol), name_hint=symbol, extra_flags=flags)
     name = load_kernel(lib, symbol)
     avals = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in graph.output_types]
     call = jax.jit(lambda *args: tuple(kernel_call(name, avals, *args)))
@@ -76,9 +79,10 @@ def run_cpu(graph: KernelGraph, inputs: list[np.ndarray]) -> list[np.ndarray]:
 TOL = {F32: 2e-6, F64: 1e-13}
 
 
-def check(graph: KernelGraph, inputs: list[np.ndarray], tol: float | None = None) -> None:
+def check(graph: KernelGraph, inputs: list[np.ndarray], tol: float | None = None,
+          flags: tuple[str, ...] = ()) -> None:  # fmt: skip
     """The compiled graph's outputs equal the float64 reference, output by output."""
-    got = run_cpu(graph, inputs)
+    got = run_cpu(graph, inputs, flags)
     want = evaluate(graph, inputs, precision="float64")
     assert len(got) == len(want) == len(graph.output_types)
     for i, (g, w, t) in enumerate(zip(got, want, graph.output_types)):
@@ -396,19 +400,46 @@ def test_block_matmul_batch_dims(rng: np.random.Generator) -> None:
     check(g, [rand(rng, t) for t in g.input_types], tol=4e-6)
 
 
+def _in_place_matmul(m: int) -> KernelGraph:
+    bb = BlockBuilder((3, 2, 1), 2, (T(2, m, 2 * 150), T(2, 2 * 150, 3 * 37)))
+    a = bb.input_iter(0, (N, 0, N), 2)  # [1, m, 150]: batch from grid y, K from the loop
+    b = bb.input_iter(1, (2, 0, N), 1)  # [1, 150, 37]: columns from grid x
+    bb.output_saver(bb.apply(Op.ACC_SUM, bb.matmul(a, b)), (2, 0, N))
+    return _kernel(bb.build())
+
+
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 12, 16, 19])
 def test_block_matmul_reads_tiles_in_place(m: int, rng: np.random.Generator) -> None:
     """Matmul operands are read where they lie (strided tiles of the kernel tensors, batch
     dims split by the grid), for every register blocking of M, a ragged N and a K long
     enough to be cut into passes with a remainder."""
-    bb = BlockBuilder((3, 2, 1), 2, (T(2, m, 2 * 150), T(2, 2 * 150, 3 * 37)))
-    a = bb.input_iter(0, (N, 0, N), 2)  # [1, m, 150]: batch from grid y, K from the loop
-    b = bb.input_iter(1, (2, 0, N), 1)  # [1, 150, 37]: columns from grid x
-    bb.output_saver(bb.apply(Op.ACC_SUM, bb.matmul(a, b)), (2, 0, N))
-    g = _kernel(bb.build())
+    g = _in_place_matmul(m)
     source = emit_cpu(g, "k")
     assert source.count("mj::tile_ref<") == 2 and "load_tile" not in source
     check(g, [rand(rng, t) for t in g.input_types], tol=4e-6)
+
+
+def _prefetches(graph: KernelGraph, flags: tuple[str, ...]) -> int:
+    from mirage_jax.codegen.build import compile_shared_library
+
+    lib = compile_shared_library(emit_cpu(graph, "k"), extra_flags=flags)
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) is not installed")
+    text = subprocess.run([objdump, "-d", str(lib.path)], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
+    return text.count("prefetch")
+
+
+@pytest.mark.parametrize("m", [2, 16])
+def test_streamed_matmul_without_software_prefetch(m: int, rng: np.random.Generator) -> None:
+    """-DMJ_STREAM_PREFETCH=0 (what calibrate.kernel_flags gives a host whose hardware
+    prefetchers stream better alone) drops every prefetch instruction of an in-place matmul
+    and computes the same products."""
+    g = _in_place_matmul(m)
+    off = ("-DMJ_STREAM_PREFETCH=0",)
+    assert _prefetches(g, ()) > 0 and _prefetches(g, off) == 0
+    check(g, [rand(rng, t) for t in g.input_types], tol=4e-6, flags=off)
 
 
 # ------------------------------------------------------- the fused μGraphs of tests/graphs.py

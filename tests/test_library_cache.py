@@ -49,7 +49,10 @@ def run_child(env: dict[str, str], seed: int, lib: Path | None = None) -> dict:
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "MIRAGE_JAX_CACHE_DIR": str(tmp_path / "cache")}
+    # calibration off: a fresh cache would also compile the host probe, and these tests count
+    # the kernel's compiles alone
+    return {**os.environ, "MIRAGE_JAX_CACHE_DIR": str(tmp_path / "cache"),
+            "MIRAGE_JAX_CALIBRATE": "0"}  # fmt: skip
 
 
 def test_second_process_reuses_the_decision_and_the_kernel(env):

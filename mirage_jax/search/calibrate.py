@@ -1,10 +1,12 @@
-"""This host's ceilings for the CPU cost model, measured once and cached.
+"""This host's ceilings for the CPU cost model, and the kernel build setting they decide,
+measured once and cached.
 
 ``host_model()`` returns a ``CpuModel`` whose rates were measured on this machine by the
 runtime's own code (``csrc/runtime/cpu/calibrate.h``): the matmul micro-kernel at 1, 2, 4 and
 8 rows, an elementwise map, streaming reads from memory on one core and on all, and the
-cost of a matmul reading a narrow column strip of a wide weight row by row. Hosts
-differ by more than 2x in these (the project has run on Zen 5 and on Zen 4 machines), and a
+cost of a matmul reading a narrow column strip of a wide weight row by row, and whether a
+streamed matmul runs faster with or without software prefetch (``kernel_flags``). Hosts
+differ by more than 2x in these (the project has run on Zen 5, Zen 4 and Ice Lake machines), and a
 model tuned on one misorders the candidates of the other before the timing step sees them.
 
 The probe compiles once (the library cache) and runs for well under a second; its figures are
@@ -39,7 +41,10 @@ MJ_EXPORT void {_SYMBOL}(double* out) {{ mj::probe::run(out); }}
 """
 # the probe's fields (calibrate.h, enum Field), in order
 _FIELDS = ("matmul1", "matmul2", "matmul4", "matmul8", "vector", "core_stream", "all_stream",
-           "cores", "strided_row", "strided_revisit")  # fmt: skip
+           "cores", "strided_row", "strided_revisit", "stream_prefetch_gain")  # fmt: skip
+# Kernels keep matmul.h's software prefetch of streamed operands unless the probe measured a
+# streamed decode product at least this much faster without it (timings scatter by a few %).
+_PREFETCH_OFF_BELOW = 0.95
 
 log = logging.getLogger("mirage_jax.search")
 
@@ -74,6 +79,21 @@ def measurements() -> dict[str, float]:
         atomic_write(path, json.dumps(figures, indent=1) + "\n")
     log.info("CPU cost model calibrated: %s", _describe(figures))
     return figures
+
+
+def kernel_flags() -> tuple[str, ...]:
+    """Build settings of the runtime that this host's measurements decide (compiler flags of
+    every generated CPU kernel): ``-DMJ_STREAM_PREFETCH=0`` where the hardware prefetchers
+    stream a decode product's weight faster without matmul.h's software prefetch (an Ice
+    Lake Xeon: 1.2-1.3x), nothing where the defaults win or calibration is off or failed."""
+    if not calibration_enabled():
+        return ()
+    try:
+        gain = measurements()["stream_prefetch_gain"]
+    except (MirageError, OSError, ValueError, KeyError) as e:
+        log.warning("kernel tuning: calibration failed (%s); using the runtime's defaults", e)
+        return ()
+    return ("-DMJ_STREAM_PREFETCH=0",) if gain < _PREFETCH_OFF_BELOW else ()
 
 
 def model_from(figures: dict[str, float]) -> CpuModel:
@@ -124,7 +144,9 @@ def _describe(f: dict[str, float]) -> str:
             f"core, memory {f['core_stream'] / 1e9:.1f} GB/s one core, "
             f"{f['all_stream'] / 1e9:.1f} GB/s all {int(f['cores'])}, strided strip rows "
             f"{f['strided_row'] * 1e9:.1f} ns first, {f['strided_revisit'] * 1e9:.1f} ns "
-            "again")  # fmt: skip
+            f"again, streamed matmul {f['stream_prefetch_gain']:.2f}x slower without software "
+            "prefetch")  # fmt: skip
 
 
-__all__ = ["CALIBRATE_ENV", "calibration_enabled", "host_model", "measurements", "model_from"]
+__all__ = ["CALIBRATE_ENV", "calibration_enabled", "host_model", "kernel_flags", "measurements",
+           "model_from"]  # fmt: skip

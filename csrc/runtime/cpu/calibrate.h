@@ -2,8 +2,10 @@
 //
 // The cost model orders candidates by rates of *this* runtime on *this* host: the micro-kernel
 // at the register blocks matmul.h picks, an elementwise map on tiles in L2, and streaming reads
-// from memory on one core and on all. Hosts differ by more than 2x in all of these (a Zen 5 core does two 512-bit FMAs per cycle, a
-// Zen 4 core one), so constants tuned on one machine misorder candidates on another.
+// from memory on one core and on all. Hosts differ by more than 2x in all of these (a Zen 5
+// core does two 512-bit FMAs per cycle, a Zen 4 core one), so constants tuned on one machine
+// misorder candidates on another. It also decides one build setting of the kernels: whether
+// streamed matmul operands are prefetched in software (stream_prefetch_gain).
 //
 // This is a probe, not a kernel: it may start threads (the bandwidth of all cores needs them).
 // mirage_jax.search.calibrate compiles it once per host and caches what it prints.
@@ -30,6 +32,7 @@ enum Field : int {
   kCores,
   kStridedRow,      // seconds of a matmul's first read of one row of a narrow strip of B
   kStridedRevisit,  // seconds of every further row panel's read of that row
+  kStreamPrefetchGain,  // a streamed decode product's seconds without software prefetch / with
   kFields
 };
 
@@ -166,6 +169,42 @@ inline void stream_rates(int cores, double* core, double* all) {
   *all = bytes / median(tn);
 }
 
+// Seconds of `threads` threads computing C[8, 6144] = A[8, 4096] @ B for the 4096 x 6144 B
+// (96 MiB) read in place, each thread a block of NB columns at a time: a decode product whose
+// weight streams from memory, split by columns as a grid splits it. SWPF: with the software
+// prefetch of matmul.h, or with the hardware prefetchers alone.
+template <bool SWPF, i64 NB>
+double streamed_gemm_once(const float* a, const float* b, float* c, int threads) {
+  constexpr i64 M = 8, K = 4096, N = 6144, blocks = N / NB;
+  auto body = [&](int t) {
+    for (i64 j = t; j < blocks; j += threads)
+      gemm<float, M, NB, K, K, N, N, false, 0, true, SWPF>(c + j * NB, a, b + j * NB);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
+  body(0);
+  for (auto& th : pool) th.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// How much slower such a product runs without the software prefetch (>1: it helps here).
+// Rounds alternate the two, as the memory bus of a shared host drifts.
+inline double stream_prefetch_gain(int cores) {
+  float* a = alloc<float>(8 * 4096, 0.5f);
+  float* b = alloc<float>(std::size_t{4096} * 6144, 0.25f);
+  float* c = alloc<float>(8 * 6144, 0.0f);
+  constexpr i64 NB = 3072;  // two blocks, the grid the 2-core hosts' searches pick
+  std::vector<double> with, without;
+  streamed_gemm_once<true, NB>(a, b, c, cores);
+  for (int r = 0; r < 9; ++r) {
+    with.push_back(streamed_gemm_once<true, NB>(a, b, c, cores));
+    without.push_back(streamed_gemm_once<false, NB>(a, b, c, cores));
+  }
+  std::free(a), std::free(b), std::free(c);
+  return median(without) / median(with);
+}
+
 inline void run(double* out) {
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   out[kMatmul1] = matmul_rate<1>();
@@ -176,6 +215,7 @@ inline void run(double* out) {
   stream_rates(cores, &out[kCoreStream], &out[kAllStream]);
   out[kCores] = cores;
   strided_rows(&out[kStridedRow], &out[kStridedRevisit]);
+  out[kStreamPrefetchGain] = stream_prefetch_gain(cores);
 }
 
 }  // namespace mj::probe

@@ -152,15 +152,28 @@ inline constexpr i64 kGemmKC =
     !STREAM ? (M <= 8 ? 64 : 128)
             : (M <= 2 ? 4 : (M <= 8 ? 4 * M : (2 * M < 128 ? 2 * M : 128)));
 
+// Software prefetch of a B streamed from memory (the next pass, the next loop iteration's
+// tile): on the Zen 4 and Zen 5 hosts it kept the misses overlapping the FMAs, while on an
+// Ice Lake Xeon the same prefetches made streamed decode products 1.2-1.3x slower than the
+// hardware prefetchers alone (rmsnorm_linear M = 16: 7.2 vs 5.5 ms; gated_mlp M = 8: 6.7 vs
+// 5.6). The calibration probe (calibrate.h) times both on the host, and kernels are built
+// with -DMJ_STREAM_PREFETCH=0 where the hardware streams better alone.
+#ifndef MJ_STREAM_PREFETCH
+#define MJ_STREAM_PREFETCH 1
+#endif
+inline constexpr bool kStreamPrefetch = MJ_STREAM_PREFETCH != 0;
+
 // C[M, N] (+)= A[M, K] @ B[K, N] with leading dims LDA, LDB, LDC.
 // PF: see micro. STREAM (B is read from memory, not from a tile in cache): every pass but the
 // last also prefetches the rows of the pass after it, so a tile with no next loop iteration
-// (or a long one) still streams with its misses overlapping the FMAs.
-template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0,
-          bool STREAM = false>
+// (or a long one) still streams with its misses overlapping the FMAs. SWPF = false drops
+// both kinds of software prefetch (see kStreamPrefetch).
+template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF0 = 0,
+          bool STREAM = false, bool SWPF = kStreamPrefetch>
 MJ_INLINE void gemm(T* C, const T* A, const T* B) {
   constexpr i64 KC = kGemmKC<M, STREAM>;
-  constexpr i64 PN = STREAM ? KC * LDB : 0;  // same columns, one pass down
+  constexpr i64 PF = SWPF ? PF0 : 0;
+  constexpr i64 PN = STREAM && SWPF ? KC * LDB : 0;  // same columns, one pass down
   if constexpr (K <= 2 * KC) {
     gemm_chunk<T, M, N, K, LDA, LDB, LDC, ACC, PF>(C, A, B);
   } else {
