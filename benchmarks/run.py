@@ -4,11 +4,12 @@
                              [--chart speedups.png] [--strategy search]
 
 For every program and batch size: jax.jit median time, mirage_jax.optimize median time, the
-speedup, this machine's roofline floor (max of bytes / measured memory bandwidth and flops /
-measured matmul rate), the fraction of the floor each reaches, the cold planning time (trace,
-search, compile, verify, time; empty cache) with the search's and the C++ compiler's share of
-it, the planning time from the on-disk cache (which searches and compiles nothing), and the
-share of CPU time the hypervisor stole while the case was timed (a noisy-neighbour flag).
+speedup, this machine's roofline floor (max of bytes / memory bandwidth and flops / matmul
+rate, both measured right before and after the case is timed), the fraction of the floor
+each reaches, the cold planning time (trace, search, compile, verify, time; empty cache) with
+the search's and the C++ compiler's share of it, the planning time from the on-disk cache
+(which searches and compiles nothing), and the share of CPU time the hypervisor stole while
+the case was timed (a noisy-neighbour flag).
 """
 
 from __future__ import annotations
@@ -34,28 +35,37 @@ from mirage_jax.ir import Op
 from mirage_jax.timing import compare, median_seconds
 
 
-def measure_bandwidth() -> float:
-    """Bytes/s of streaming reads over an array far larger than the caches (both cores).
+class Ceilings:
+    """This machine's streaming-read bandwidth and matmul rate, measured on demand.
 
-    A row reduction reads without allocating an output, so page faults on fresh output
-    buffers do not pollute the figure. Taken as the better of XLA's reduction and the same
-    reduction compiled by mirage_jax as is (XLA's alone leaves bandwidth unused here, which
-    would put the floor too low).
+    The memory bus of these shared hosts drifts by up to 2x within minutes (17-37 GB/s seen
+    on one host in one session), so a floor measured at the start of a run says little about
+    a case timed ten minutes later: each case takes its floor from measurements right before
+    and right after its own timing, the better of the two (the stricter floor).
+
+    Bandwidth: a row reduction over 128 MiB reads without allocating an output, so page faults
+    on fresh output buffers do not pollute the figure; the better of XLA's reduction and the
+    same reduction compiled by mirage_jax as is (XLA's alone leaves bandwidth unused here,
+    which would put the floor too low). Matmul: XLA's 2048^3 product.
     """
-    x = jnp.ones((64, 512 * 1024), jnp.float32)  # 128 MiB
 
-    def rows(a):
-        return jnp.sum(a, axis=1)
+    def __init__(self) -> None:
+        self.x = jnp.ones((64, 512 * 1024), jnp.float32)
 
-    readers = [jax.jit(rows),
-               mj.optimize(rows, strategy="as_is", require_speedup=False, cache=False)]
-    return max(x.nbytes / median_seconds(f, (x,), budget_s=1.0) for f in readers)
+        def rows(a):
+            return jnp.sum(a, axis=1)
 
+        self.readers = [jax.jit(rows), mj.optimize(rows, strategy="as_is",
+                                                   require_speedup=False, cache=False)]
+        self.a = jnp.ones((2048, 2048), jnp.float32)
+        self.matmul = jax.jit(lambda x, y: x @ y)
 
-def measure_matmul_rate() -> float:
-    a = jnp.ones((2048, 2048), jnp.float32)
-    f = jax.jit(lambda x, y: x @ y)
-    return 2 * 2048**3 / median_seconds(f, (a, a), budget_s=1.0)
+    def measure(self, budget_s: float = 0.5) -> tuple[float, float]:
+        """(bytes/s, flop/s) now."""
+        bw = max(self.x.nbytes / median_seconds(f, (self.x,), budget_s=budget_s)
+                 for f in self.readers)  # fmt: skip
+        rate = 2 * 2048**3 / median_seconds(self.matmul, (self.a, self.a), budget_s=budget_s)
+        return bw, rate
 
 
 def program_cost(program: suite.Program, args: list) -> tuple[float, float]:
@@ -97,13 +107,11 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
-def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, floors) -> dict:
-    bw, rate = floors
+def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace,
+               ceilings: Ceilings) -> dict:  # fmt: skip
     inputs = [jax.device_put(x) for x in suite.make_inputs(program, seed=0)]
     args = program.call_args(inputs)
     nbytes, flops = program_cost(program, args)
-    floor = max(nbytes / bw, flops / rate)
-    bound = "memory" if nbytes / bw >= flops / rate else "compute"
 
     with tempfile.TemporaryDirectory() as cache_dir:
         os.environ["MIRAGE_JAX_CACHE_DIR"] = cache_dir
@@ -122,14 +130,20 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, flo
     xla = jax.jit(program.fn)
     got, want = np.asarray(fast(*args)), np.asarray(xla(*args))
     err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+    before = ceilings.measure()
     ticks = cpu_ticks()
     t_mj, t_xla = compare(fast, xla, args, rounds=args_ns.rounds, budget_s=0.5)
     steal = steal_share(ticks, cpu_ticks())
+    after = ceilings.measure()
+    bw, rate = max(before[0], after[0]), max(before[1], after[1])
+    floor = max(nbytes / bw, flops / rate)
+    bound = "memory" if nbytes / bw >= flops / rate else "compute"
     search_s = sum(p.search_report.total_s for p in plan.regions if p.search_report)
     searched_again = sum(p.search_report is not None for p in warm_plan.regions)
     return {
         "program": program.name, "bs": bs, "bound": bound, "xla_s": t_xla, "mirage_s": t_mj,
-        "speedup": t_xla / t_mj, "floor_s": floor, "xla_of_floor": t_xla / floor,
+        "speedup": t_xla / t_mj, "floor_s": floor, "bandwidth": bw, "matmul_rate": rate,
+        "xla_of_floor": t_xla / floor,
         "mirage_of_floor": t_mj / floor, "plan_cold_s": cold, "plan_cached_s": warm,
         "search_s": search_s, "searches_from_cache": searched_again,
         "compile_s": built.compile_s, "compiles": built.compiles, "max_rel_err": err,
@@ -140,14 +154,16 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace, flo
 
 def print_table(rows: list[dict]) -> None:
     head = (f"{'program':16} {'bs':>2} {'jax.jit':>10} {'mirage':>10} {'speedup':>8} "
-            f"{'floor':>10} {'bound':>7} {'xla/fl':>7} {'mj/fl':>7} {'cold':>7} {'search':>7} "
+            f"{'floor':>10} {'bound':>7} {'GB/s':>5} {'xla/fl':>7} {'mj/fl':>7} {'cold':>7} "
+            f"{'search':>7} "
             f"{'compile':>8} {'cached':>7} {'steal':>6}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['program']:16} {r['bs']:>2} {r['xla_s']*1e3:>8.3f}ms "
               f"{r['mirage_s']*1e3:>8.3f}ms {r['speedup']:>7.2f}x {r['floor_s']*1e3:>8.3f}ms "
-              f"{r['bound']:>7} {r['xla_of_floor']:>7.2f} {r['mirage_of_floor']:>7.2f} "
+              f"{r['bound']:>7} {r['bandwidth'] / 1e9:>5.1f} {r['xla_of_floor']:>7.2f} "
+              f"{r['mirage_of_floor']:>7.2f} "
               f"{r['plan_cold_s']:>6.1f}s {r['search_s']:>6.1f}s {r['compile_s']:>7.1f}s "
               f"{r['plan_cached_s']:>6.2f}s "
               f"{_percent(r.get('steal')):>6}")
@@ -193,15 +209,17 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results.json")
     parser.add_argument("--chart")
     ns = parser.parse_args()
-    floors = (measure_bandwidth(), measure_matmul_rate())
-    print(f"measured: memory bandwidth {floors[0]/1e9:.1f} GB/s, "
-          f"matmul {floors[1]/1e9:.1f} GFLOP/s, jax {jax.__version__}\n")  # fmt: skip
+    ceilings = Ceilings()
+    floors = ceilings.measure(budget_s=1.0)
+    print(f"measured at the start: memory bandwidth {floors[0]/1e9:.1f} GB/s, "
+          f"matmul {floors[1]/1e9:.1f} GFLOP/s, jax {jax.__version__} (each case's floor "
+          "is measured again around its timing)\n")  # fmt: skip
     rows = []
     for bs in ns.bs:
         for program in suite.programs(bs):
             if ns.programs and program.name not in ns.programs:
                 continue
-            rows.append(bench_case(program, bs, ns, floors))
+            rows.append(bench_case(program, bs, ns, ceilings))
             print(f"  {program.name} bs={bs}: {rows[-1]['speedup']:.2f}x", file=sys.stderr)
     print_table(rows)
     Path(ns.json).write_text(json.dumps({"bandwidth": floors[0], "matmul_rate": floors[1],
