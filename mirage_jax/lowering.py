@@ -64,6 +64,10 @@ class RegionPlan:
 # A region replaces XLA only when it is this much faster: timings on small shared machines
 # scatter by a few percent, and a tie is not worth a custom call.
 WIN_MARGIN = 1.05
+# A win by less than this is measured once more and judged by the less favourable of the two
+# comparisons: two programs that tie scatter by +-5% per comparison on these hosts, and a tie
+# kept on one comparison (lora bs=8, 1.06x at plan time) measured 0.98x minutes later.
+CLOSE_CALL = 1.15
 
 
 def plan_region(program: Any, region: Any, options: Any) -> RegionPlan:
@@ -121,7 +125,8 @@ def _decide(plan: RegionPlan, program: Any, region: Any, options: Any) -> None:
     if options.verify:
         _verify(impl, xla, args)
     # Timed even when speed is not required, so explain can report the ratio.
-    plan.mirage_s, plan.xla_s = compare(jax.jit(impl), jax.jit(xla), args)
+    plan.mirage_s, plan.xla_s = _compare(jax.jit(impl), jax.jit(xla), args,
+                                         confirm=options.require_speedup)  # fmt: skip
     if options.require_speedup and plan.mirage_s * WIN_MARGIN >= plan.xla_s:
         ratio = plan.xla_s / plan.mirage_s
         plan.reason = (f"slower than XLA ({ratio:.2f}x), kept with XLA" if ratio < 1 else
@@ -129,6 +134,17 @@ def _decide(plan: RegionPlan, program: Any, region: Any, options: Any) -> None:
                        "kept with XLA")  # fmt: skip
         return
     plan.impl = impl
+
+
+def _compare(impl: Callable[..., Any], xla: Callable[..., Any], args: Sequence[Any],
+             confirm: bool) -> tuple[float, float]:  # fmt: skip
+    """(mirage, xla) seconds; a close win (see CLOSE_CALL) is measured again when ``confirm``
+    and the less favourable comparison is the one returned."""
+    first = compare(impl, xla, args)
+    if not confirm or not first[0] * WIN_MARGIN < first[1] < first[0] * CLOSE_CALL:
+        return first
+    second = compare(impl, xla, args)
+    return min(first, second, key=lambda t: t[1] / t[0])
 
 
 def current_backend() -> str:

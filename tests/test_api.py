@@ -129,6 +129,21 @@ def test_slower_region_stays_with_xla_and_explain_says_so(monkeypatch):
     assert "slower than XLA (0.50x), kept with XLA" in f.explain(x)
 
 
+def test_a_close_win_is_measured_again_and_kept_only_if_it_holds(monkeypatch):
+    x = np.ones((8, 8), np.float32)
+    for times, kept in ((((1.0, 1.08), (1.0, 1.02)), False), (((1.0, 1.08), (1.0, 1.10)), True),
+                        (((1.0, 1.5),), True), (((1.0, 0.9),), False)):  # fmt: skip
+        calls = iter(times)
+        monkeypatch.setattr(lowering, "compare", lambda cand, base, args: next(calls))
+        f = mj.optimize(lambda x: jnp.exp(x) + 1.0, strategy="as_is", cache=False)
+        region = f.plan(x).regions[0]
+        assert next(calls, None) is None, f"{times}: not every comparison ran"
+        assert (region.impl is not None) == kept, (times, f.explain(x))
+        ratio = min(xla / mj_s for mj_s, xla in times)
+        assert region.speedup == pytest.approx(ratio), times  # the less favourable one
+        _close(f(x), np.exp(x) + 1.0)
+
+
 def test_a_plan_that_replaces_nothing_calls_jax_jit_of_the_function(monkeypatch):
     monkeypatch.setattr(lowering, "compare", lambda cand, base, args: (2e-3, 1e-3))
 
