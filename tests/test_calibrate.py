@@ -20,8 +20,10 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path):
     monkeypatch.setenv("MIRAGE_JAX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(calibrate.CALIBRATE_ENV, raising=False)
     calibrate.host_model.cache_clear()
+    calibrate.kernel_flags.cache_clear()
     yield tmp_path / "cache"
     calibrate.host_model.cache_clear()
+    calibrate.kernel_flags.cache_clear()
 
 
 def test_probe_measures_this_host_once_and_caches_the_figures(fresh, monkeypatch):

@@ -6,8 +6,9 @@ runtime's own code (``csrc/runtime/cpu/calibrate.h``): the matmul micro-kernel a
 8 rows, an elementwise map, streaming reads from memory on one core and on all, and the
 cost of a matmul reading a narrow column strip of a wide weight row by row, and whether a
 streamed matmul runs faster with or without software prefetch (``kernel_flags``). Hosts
-differ by more than 2x in these (the project has run on Zen 5, Zen 4 and Ice Lake machines), and a
-model tuned on one misorders the candidates of the other before the timing step sees them.
+differ by more than 2x in these (the project has run on Zen 5, Zen 4 and Ice Lake machines),
+and a model tuned on one misorders the candidates of the other before the timing step sees
+them.
 
 The probe compiles once (the library cache) and runs for well under a second; its figures are
 cached as JSON under ``<cache root>/calibration/``, keyed by the probe library (source,
@@ -81,6 +82,7 @@ def measurements() -> dict[str, float]:
     return figures
 
 
+@functools.cache
 def kernel_flags() -> tuple[str, ...]:
     """Build settings of the runtime that this host's measurements decide (compiler flags of
     every generated CPU kernel): ``-DMJ_STREAM_PREFETCH=0`` where the hardware prefetchers
