@@ -140,18 +140,26 @@ inline float read_rows(const float* m, i64 ld, i64 r0, i64 r1) {
   return t;
 }
 
-// Seconds of `threads` threads reading a 4096 x 6144 float matrix (96 MiB, past any L3),
-// each a contiguous share of the rows.
-inline double stream_once(const float* m, int threads) {
-  constexpr i64 R = 4096, C = 6144;
-  std::vector<float> sink(threads);
-  auto body = [&](int t) { sink[t] = read_rows(m, C, R * t / threads, R * (t + 1) / threads); };
+// Seconds of body(t) run for t in [0, threads): t = 0 on this thread, the others on threads
+// started for the call (the probe may start threads; kernels never do).
+template <class F>
+double seconds_on_threads(int threads, const F& body) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
   body(0);
   for (auto& th : pool) th.join();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Seconds of `threads` threads reading a 4096 x 6144 float matrix (96 MiB, past any L3),
+// each a contiguous share of the rows.
+inline double stream_once(const float* m, int threads) {
+  constexpr i64 R = 4096, C = 6144;
+  std::vector<float> sink(threads);
+  return seconds_on_threads(threads, [&](int t) {
+    sink[t] = read_rows(m, C, R * t / threads, R * (t + 1) / threads);
+  });
 }
 
 // Bytes/s of one core and of all. Rounds interleave the two: a shared host's memory bus
@@ -176,16 +184,10 @@ inline void stream_rates(int cores, double* core, double* all) {
 template <bool SWPF, i64 NB>
 double streamed_gemm_once(const float* a, const float* b, float* c, int threads) {
   constexpr i64 M = 8, K = 4096, N = 6144, blocks = N / NB;
-  auto body = [&](int t) {
+  return seconds_on_threads(threads, [&](int t) {
     for (i64 j = t; j < blocks; j += threads)
       gemm<float, M, NB, K, K, N, N, false, 0, true, SWPF>(c + j * NB, a, b + j * NB);
-  };
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
-  body(0);
-  for (auto& th : pool) th.join();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
 }
 
 // How much slower such a product runs without the software prefetch (>1: it helps here).
