@@ -167,19 +167,23 @@ inline constexpr bool kStreamPrefetch = MJ_STREAM_PREFETCH != 0;
 // PF: see micro. STREAM (B is read from memory, not from a tile in cache): every pass but the
 // last also prefetches the rows of the pass after it, so a tile with no next loop iteration
 // (or a long one) still streams with its misses overlapping the FMAs. SWPF = false drops
-// both kinds of software prefetch (see kStreamPrefetch).
+// both kinds of software prefetch (see kStreamPrefetch). A product of exactly 2 KC rows (a
+// for-loop iteration of 64 rows at M = 8) takes two passes, not one of 2 KC: on the Ice Lake
+// Xeon one pass of 64 streamed rows ran 1.7-2x slower than two of 32 (decode, M = 8, 1536-
+// and 768-column strips of a 4096 x 6144 weight), more row streams than its L2 prefetcher
+// follows.
 template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF0 = 0,
           bool STREAM = false, bool SWPF = kStreamPrefetch>
 MJ_INLINE void gemm(T* C, const T* A, const T* B) {
   constexpr i64 KC = kGemmKC<M, STREAM>;
   constexpr i64 PF = SWPF ? PF0 : 0;
   constexpr i64 PN = STREAM && SWPF ? KC * LDB : 0;  // same columns, one pass down
-  if constexpr (K <= 2 * KC) {
+  if constexpr (K < 2 * KC) {
     gemm_chunk<T, M, N, K, LDA, LDB, LDC, ACC, PF>(C, A, B);
   } else {
     constexpr i64 KF = K / KC * KC;
     constexpr i64 PL = K > KF ? PN : PF;  // the last full pass: the tail or the next tile
-    gemm_chunk<T, M, N, KC, LDA, LDB, LDC, ACC, PN>(C, A, B);  // K > 2 KC: KF >= 2 KC
+    gemm_chunk<T, M, N, KC, LDA, LDB, LDC, ACC, PN>(C, A, B);  // K >= 2 KC: KF >= 2 KC
     for (i64 k0 = KC; k0 < KF - KC; k0 += KC)
       gemm_chunk<T, M, N, KC, LDA, LDB, LDC, true, PN>(C, A + k0, B + k0 * LDB);
     gemm_chunk<T, M, N, KC, LDA, LDB, LDC, true, PL>(C, A + KF - KC, B + (KF - KC) * LDB);
