@@ -162,6 +162,8 @@ class SearchReport:
                          + (f"{self.best_measured_s * 1e6:.1f}us"
                             if self.best_measured_s is not None else "-")
                          + f"; {self.comparison}")  # fmt: skip
+        lines.extend(f"  timed: estimate {e * 1e6:.1f}us, measured {m * 1e6:.1f}us: {what}"
+                     for what, e, m in self.timed_candidates)
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
