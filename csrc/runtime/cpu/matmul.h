@@ -158,16 +158,31 @@ inline constexpr i64 kGemmKC =
 // hardware prefetchers alone (rmsnorm_linear M = 16: 7.2 vs 5.5 ms; gated_mlp M = 8: 6.7 vs
 // 5.6). The calibration probe (calibrate.h) times both on the host, and kernels are built
 // with -DMJ_STREAM_PREFETCH=0 where the hardware streams better alone.
+// The same Xeon gains from them where each row of the strip is short (a 1 KiB strip of a
+// 4096 x 6144 weight at M = 8: 1.5x faster with them, 4 KiB 1.2x, 12 KiB 0.8x): there the
+// kernels are built with -DMJ_STREAM_PREFETCH_MAX_RUN=<bytes>, and only strips whose rows run
+// shorter than that prefetch in software (0, the default: every streamed strip does).
 #ifndef MJ_STREAM_PREFETCH
 #define MJ_STREAM_PREFETCH 1
 #endif
+#ifndef MJ_STREAM_PREFETCH_MAX_RUN
+#define MJ_STREAM_PREFETCH_MAX_RUN 0
+#endif
 inline constexpr bool kStreamPrefetch = MJ_STREAM_PREFETCH != 0;
+
+// Whether a B of N-element rows LDB apart gets software prefetch: a strip of whole rows is one
+// long run.
+template <class T, i64 N, i64 LDB>
+inline constexpr bool kPrefetchRun =
+    MJ_STREAM_PREFETCH_MAX_RUN == 0 ||
+    (N < LDB && N * static_cast<i64>(sizeof(T)) < MJ_STREAM_PREFETCH_MAX_RUN);
 
 // C[M, N] (+)= A[M, K] @ B[K, N] with leading dims LDA, LDB, LDC.
 // PF: see micro. STREAM (B is read from memory, not from a tile in cache): every pass but the
 // last also prefetches the rows of the pass after it, so a tile with no next loop iteration
 // (or a long one) still streams with its misses overlapping the FMAs. SWPF = false drops
-// both kinds of software prefetch (see kStreamPrefetch). A product of exactly 2 KC rows (a
+// both kinds of software prefetch (see kStreamPrefetch), as do strips of rows longer than
+// MJ_STREAM_PREFETCH_MAX_RUN bytes where that is set. A product of exactly 2 KC rows (a
 // for-loop iteration of 64 rows at M = 8) takes two passes, not one of 2 KC: on the Ice Lake
 // Xeon one pass of 64 streamed rows ran 1.7-2x slower than two of 32 (decode, M = 8, 1536-
 // and 768-column strips of a 4096 x 6144 weight), more row streams than its L2 prefetcher
@@ -176,8 +191,9 @@ template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64
           bool STREAM = false, bool SWPF = kStreamPrefetch>
 MJ_INLINE void gemm(T* C, const T* A, const T* B) {
   constexpr i64 KC = kGemmKC<M, STREAM>;
-  constexpr i64 PF = SWPF ? PF0 : 0;
-  constexpr i64 PN = STREAM && SWPF ? KC * LDB : 0;  // same columns, one pass down
+  constexpr bool SW = SWPF && kPrefetchRun<T, N, LDB>;
+  constexpr i64 PF = SW ? PF0 : 0;
+  constexpr i64 PN = STREAM && SW ? KC * LDB : 0;  // same columns, one pass down
   if constexpr (K < 2 * KC) {
     gemm_chunk<T, M, N, K, LDA, LDB, LDC, ACC, PF>(C, A, B);
   } else {
@@ -234,17 +250,21 @@ MJ_INLINE void matmul_acc(Out& out, const A& a, const B& b) { matmul_impl<true>(
 namespace k {
 
 // C[MM, NN] = A[MM, K] @ B[K, NN] with K in chunks of KB (the B chunk stays in L2).
-template <class T, i64 MM, i64 NN, i64 K, i64 LDA, i64 LDB, i64 LDC>
+// STREAM: no other task reads this B chunk (one block of rows: a decode product), so it is
+// streamed from memory like a block-level tile read in place, prefetching the next chunk.
+template <class T, i64 MM, i64 NN, i64 K, i64 LDA, i64 LDB, i64 LDC, bool STREAM>
 inline void gemm_block(T* C, const T* A, const T* B) {
   constexpr i64 KB = GemmCfg<T>::KB;
+  constexpr i64 PF = STREAM ? KB * LDB : 0;
   if constexpr (K <= KB) {
-    gemm<T, MM, NN, K, LDA, LDB, LDC, false>(C, A, B);
+    gemm<T, MM, NN, K, LDA, LDB, LDC, false, 0, STREAM>(C, A, B);
   } else {
     constexpr i64 KF = K / KB * KB;
-    gemm<T, MM, NN, KB, LDA, LDB, LDC, false>(C, A, B);
+    gemm<T, MM, NN, KB, LDA, LDB, LDC, false, PF, STREAM>(C, A, B);
     for (i64 k0 = KB; k0 < KF; k0 += KB)
-      gemm<T, MM, NN, KB, LDA, LDB, LDC, true>(C, A + k0, B + k0 * LDB);
-    if constexpr (K > KF) gemm<T, MM, NN, K - KF, LDA, LDB, LDC, true>(C, A + KF, B + KF * LDB);
+      gemm<T, MM, NN, KB, LDA, LDB, LDC, true, PF, STREAM>(C, A + k0, B + k0 * LDB);
+    if constexpr (K > KF)
+      gemm<T, MM, NN, K - KF, LDA, LDB, LDC, true, 0, STREAM>(C, A + KF, B + KF * LDB);
   }
 }
 
@@ -267,10 +287,11 @@ inline void matmul(const mj_pool* pool, Out& out, const A& a, const B& b) {
     const T* Ap = pa + bi * M * K + im * MB * K;
     const T* Bp = pb + bi * K * N + jn * NB;
     const bool mlast = im == TM - 1, nlast = jn == TN - 1;
-    if (mlast && nlast) gemm_block<T, MT, NT, K, K, N, N>(C, Ap, Bp);
-    else if (mlast) gemm_block<T, MT, NB, K, K, N, N>(C, Ap, Bp);
-    else if (nlast) gemm_block<T, MB, NT, K, K, N, N>(C, Ap, Bp);
-    else gemm_block<T, MB, NB, K, K, N, N>(C, Ap, Bp);
+    constexpr bool S = TM == 1;
+    if (mlast && nlast) gemm_block<T, MT, NT, K, K, N, N, S>(C, Ap, Bp);
+    else if (mlast) gemm_block<T, MT, NB, K, K, N, N, S>(C, Ap, Bp);
+    else if (nlast) gemm_block<T, MB, NT, K, K, N, N, S>(C, Ap, Bp);
+    else gemm_block<T, MB, NB, K, K, N, N, S>(C, Ap, Bp);
   };
   constexpr i64 tasks = D::batch * TM * TN;
   if (2 * M * N * K < kParallelMinWork * 8) {
