@@ -40,6 +40,9 @@ def test_probe_measures_this_host_once_and_caches_the_figures(fresh, monkeypatch
     assert 0 < figures["strided_revisit"] < 1e-6 and 0 < figures["strided_row"] < 1e-6, figures
     # a ratio of two timings of one product: hosts seen give 0.8 (Ice Lake) to ~1.3 (Zen 4)
     assert 0.3 < figures["stream_prefetch_gain"] < 3, figures
+    # 1 KiB against 12 KiB runs of each weight row: 1.7-1.9 on the Ice Lake
+    assert 0.5 < figures["strip_slowdown"] < 4, figures
+    assert 0.3 < figures["short_prefetch_gain"] < 3, figures
     (cached,) = (fresh / "calibration").glob("*.json")
     assert json.loads(cached.read_text()) == figures
 
@@ -55,6 +58,22 @@ def test_probe_measures_this_host_once_and_caches_the_figures(fresh, monkeypatch
     assert model.vector_elems == figures["vector"] and model.cores == os.cpu_count()
     assert model.strided_row_s == figures["strided_row"]
     assert model.strided_revisit_s == figures["strided_revisit"]
+    assert model.strip_exponent == calibrate.strip_exponent(figures["strip_slowdown"])
+
+
+@pytest.mark.parametrize("slowdown, exponent", [(0.9, 0.0), (1.0, 0.0), (12**0.25, 0.25),
+                                                (30.0, 0.6)])  # fmt: skip
+def test_strip_exponent_reproduces_the_probed_slowdown(slowdown, exponent):
+    assert calibrate.strip_exponent(slowdown) == pytest.approx(exponent)
+    model = dataclasses.replace(cost_model.DEFAULT_MODEL, strip_ref_bytes=12 * 1024,
+                                strip_exponent=calibrate.strip_exponent(slowdown))
+    eff = cost_model._stream_efficiency
+    short = eff((4096, 256), (4096, 6144), 4, model)  # the probe's 1 KiB runs
+    long = eff((4096, 3072), (4096, 6144), 4, model)  # its 12 KiB runs
+    assert long == 1.0
+    if 1.0 <= slowdown <= 12**0.6:
+        assert long / short == pytest.approx(slowdown)
+    assert eff((4096, 6144), (4096, 6144), 4, model) == 1.0  # whole rows: one run
 
 
 def test_calibration_can_be_turned_off(fresh, monkeypatch):
@@ -64,11 +83,14 @@ def test_calibration_can_be_turned_off(fresh, monkeypatch):
     assert not (fresh / "calibration").exists()
 
 
-@pytest.mark.parametrize("gain, flags", [(0.8, ("-DMJ_STREAM_PREFETCH=0",)), (0.97, ()),
-                                         (1.3, ())])  # fmt: skip
+@pytest.mark.parametrize("gain, short_gain, flags", [
+    (0.8, 0.9, ("-DMJ_STREAM_PREFETCH=0",)),
+    (0.8, 1.5, ("-DMJ_STREAM_PREFETCH_MAX_RUN=8192",)),
+    (0.97, 0.8, ()), (1.3, 1.3, ())])  # fmt: skip
 def test_kernels_drop_software_prefetch_only_where_it_measured_clearly_slower(
-        fresh, monkeypatch, gain, flags):  # fmt: skip
-    monkeypatch.setattr(calibrate, "measurements", lambda: {"stream_prefetch_gain": gain})
+        fresh, monkeypatch, gain, short_gain, flags):  # fmt: skip
+    figures = {"stream_prefetch_gain": gain, "short_prefetch_gain": short_gain}
+    monkeypatch.setattr(calibrate, "measurements", lambda: figures)
     assert calibrate.kernel_flags() == flags
 
 

@@ -4,8 +4,9 @@ measured once and cached.
 ``host_model()`` returns a ``CpuModel`` whose rates were measured on this machine by the
 runtime's own code (``csrc/runtime/cpu/calibrate.h``): the matmul micro-kernel at 1, 2, 4 and
 8 rows, an elementwise map, streaming reads from memory on one core and on all, and the
-cost of a matmul reading a narrow column strip of a wide weight row by row, and whether a
-streamed matmul runs faster with or without software prefetch (``kernel_flags``). Hosts
+cost of a matmul reading a narrow column strip of a wide weight row by row, how much a
+streamed matmul slows down when it reads short runs of each row of its weight, and whether it
+runs faster with or without software prefetch (``kernel_flags``). Hosts
 differ by more than 2x in these (the project has run on Zen 5, Zen 4 and Ice Lake machines),
 and a model tuned on one misorders the candidates of the other before the timing step sees
 them.
@@ -26,6 +27,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -42,10 +44,14 @@ MJ_EXPORT void {_SYMBOL}(double* out) {{ mj::probe::run(out); }}
 """
 # the probe's fields (calibrate.h, enum Field), in order
 _FIELDS = ("matmul1", "matmul2", "matmul4", "matmul8", "vector", "core_stream", "all_stream",
-           "cores", "strided_row", "strided_revisit", "stream_prefetch_gain")  # fmt: skip
+           "cores", "strided_row", "strided_revisit", "stream_prefetch_gain",
+           "strip_slowdown", "short_prefetch_gain")  # fmt: skip
 # Kernels keep matmul.h's software prefetch of streamed operands unless the probe measured a
 # streamed decode product at least this much faster without it (timings scatter by a few %).
 _PREFETCH_OFF_BELOW = 0.95
+_PREFETCH_MAX_RUN = 8192  # bytes per row of a strip, where long rows stream better without
+# The probe's streamed product reads its weight in strips of 12 KiB and of 1 KiB per row.
+_STRIP_LONG_BYTES, _STRIP_SHORT_BYTES = 12 * 1024, 1024
 
 log = logging.getLogger("mirage_jax.search")
 
@@ -85,17 +91,25 @@ def measurements() -> dict[str, float]:
 @functools.cache
 def kernel_flags() -> tuple[str, ...]:
     """Build settings of the runtime that this host's measurements decide (compiler flags of
-    every generated CPU kernel): ``-DMJ_STREAM_PREFETCH=0`` where the hardware prefetchers
-    stream a decode product's weight faster without matmul.h's software prefetch (an Ice
-    Lake Xeon: 1.2-1.3x), nothing where the defaults win or calibration is off or failed."""
+    every generated CPU kernel), for matmul.h's software prefetch of streamed operands:
+    nothing where it helps (the Zen hosts) or calibration is off or failed;
+    ``-DMJ_STREAM_PREFETCH_MAX_RUN=8192`` where the hardware prefetchers stream long rows
+    better alone but short strips still gain from it (an Ice Lake Xeon: 12 KiB runs 1.2-1.3x
+    faster without, 1 KiB runs 1.5x faster with; 4 KiB measured 1.2x faster with, so the
+    limit sits between); ``-DMJ_STREAM_PREFETCH=0`` where it loses at both lengths."""
     if not calibration_enabled():
         return ()
     try:
-        gain = measurements()["stream_prefetch_gain"]
+        figures = measurements()
+        gain, short_gain = figures["stream_prefetch_gain"], figures["short_prefetch_gain"]
     except (MirageError, OSError, ValueError, KeyError) as e:
         log.warning("kernel tuning: calibration failed (%s); using the runtime's defaults", e)
         return ()
-    return ("-DMJ_STREAM_PREFETCH=0",) if gain < _PREFETCH_OFF_BELOW else ()
+    if gain >= _PREFETCH_OFF_BELOW:
+        return ()
+    if short_gain >= 1.0 / _PREFETCH_OFF_BELOW:
+        return (f"-DMJ_STREAM_PREFETCH_MAX_RUN={_PREFETCH_MAX_RUN}",)
+    return ("-DMJ_STREAM_PREFETCH=0",)
 
 
 def model_from(figures: dict[str, float]) -> CpuModel:
@@ -110,7 +124,18 @@ def model_from(figures: dict[str, float]) -> CpuModel:
         vector_elems=figures["vector"],
         strided_row_s=figures["strided_row"],
         strided_revisit_s=figures["strided_revisit"],
+        strip_ref_bytes=_STRIP_LONG_BYTES,
+        strip_exponent=strip_exponent(figures["strip_slowdown"]),
     )
+
+
+
+def strip_exponent(slowdown: float) -> float:
+    """The exponent p of the model's strip efficiency (run / 12 KiB) ** p that reproduces the
+    probe's slowdown of 1 KiB runs against 12 KiB ones (clamped: a run is never faster than a
+    longer one, and the probe is noisy)."""
+    p = math.log(max(slowdown, 1.0)) / math.log(_STRIP_LONG_BYTES / _STRIP_SHORT_BYTES)
+    return min(p, 0.6)
 
 
 def _run_probe(lib_path: Path) -> dict[str, float]:
@@ -147,8 +172,9 @@ def _describe(f: dict[str, float]) -> str:
             f"{f['all_stream'] / 1e9:.1f} GB/s all {int(f['cores'])}, strided strip rows "
             f"{f['strided_row'] * 1e9:.1f} ns first, {f['strided_revisit'] * 1e9:.1f} ns "
             f"again, streamed matmul {f['stream_prefetch_gain']:.2f}x slower without software "
-            "prefetch")  # fmt: skip
+            f"prefetch ({f['short_prefetch_gain']:.2f}x in 1 KiB strips) and "
+            f"{f['strip_slowdown']:.2f}x slower in 1 KiB strips")  # fmt: skip
 
 
 __all__ = ["CALIBRATE_ENV", "calibration_enabled", "host_model", "kernel_flags", "measurements",
-           "model_from"]  # fmt: skip
+           "model_from", "strip_exponent"]  # fmt: skip

@@ -13,11 +13,13 @@ Per graph-defined kernel:
   they stay in L2), summed over the blocks, i.e. replicated operands are re-read by every
   block; a re-read of an operand that fits in the shared last-level cache costs
   ``llc_reread`` of a memory read;
-  outputs are written once. Streams of short rows (a tile narrower than a page of its
-  tensor) lose some bandwidth to the hardware prefetcher, which stops at page boundaries;
-  column strips of long rows cost nothing more: the micro-kernel reads B panel by panel
-  either way (a one-block split loop reading whole rows measured 0.9x of a 2-block grid's
-  12 KiB strips for the rmsnorm_linear bs=1 shape on the Zen 4);
+  outputs are written once. Streams of short rows (a tile narrower than ``strip_ref_bytes``
+  of its tensor's rows) lose bandwidth to the hardware prefetchers, which stop at page
+  boundaries and follow a limited number of streams: a power of the run length, calibrated
+  per host (on the Zen 4, strips of long rows cost nothing more: a one-block split loop
+  reading whole rows measured 0.9x of a 2-block grid's 12 KiB strips for the rmsnorm_linear
+  bs=1 shape; on the Ice Lake Xeon, 4 KiB strips stream 1.25-1.4x slower than 12 KiB ones
+  and the 1 KiB strips of a kernel-level matmul 1.7-1.9x);
 - tile copies: the emitter reads matmul operands in place but copies every other operand tile
   into a local buffer, a load and a store per element on the core;
 - flops: tile matmuls at the measured rate of the register block the runtime picks for
@@ -94,6 +96,11 @@ class CpuModel:
     # row for the first row panel of C and for each further one (``_strided_rows``)
     strided_row_s: float = 7e-9
     strided_revisit_s: float = 1e-9
+    # a loop-varying tile read in runs (contiguous bytes per row) shorter than strip_ref_bytes
+    # streams at (run / strip_ref_bytes) ** strip_exponent of the bandwidth (calibrated: ~0.25
+    # on an Ice Lake Xeon, whose 1 KiB strips of a weight stream ~1.8x slower than 12 KiB ones)
+    strip_ref_bytes: int = 4096
+    strip_exponent: float = 0.1
 
 
 DEFAULT_MODEL = CpuModel()
@@ -197,28 +204,34 @@ def _block_rate(mr: int, model: CpuModel) -> float:
 def _stream_efficiency(tile: tuple[int, ...], full: tuple[int, ...], itemsize: int,
                        model: CpuModel) -> float:  # fmt: skip
     """Share of the memory bandwidth a loop-varying tile read achieves: its contiguous runs
-    (the tile's rows, merged where the tile spans whole rows) against a page."""
+    (the tile's rows, merged where the tile spans whole rows) against ``strip_ref_bytes``."""
     run = itemsize
     for t, f in zip(reversed(tile), reversed(full)):
         run *= t
         if t != f:
             break
-    return min(1.0, run / model.page_bytes) ** 0.1
+    return min(1.0, run / model.strip_ref_bytes) ** model.strip_exponent
 
 
 def _op_cost(graph: KernelGraph, node: Node, model: CpuModel) -> KernelCost:
     ins = [graph.types[i] for i in node.ins]
     outs = [graph.types[o] for o in node.outs]
     nbytes = float(sum(t.nbytes for t in ins) + sum(t.nbytes for t in outs))
+    memory = nbytes / model.mem_bytes_per_s
     if node.op is Op.MATMUL:
         a, b = ins
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         flops = 2.0 * outs[0].size // n * n * k
         compute = flops / (model.cores * _matmul_rate(m, n, model))
+        # k::matmul's tasks read B in strips of GemmCfg::NB columns (matmul.h)
+        nb = 4 * (4 if model.simd_lanes >= 16 else 2) * model.simd_lanes
+        strip = (*b.shape[:-1], min(n, nb))
+        eff = _stream_efficiency(strip, b.shape, b.dtype.itemsize, model)
+        memory += b.nbytes * (1.0 / eff - 1.0) / model.mem_bytes_per_s
     else:
         flops = _elem_cost(node.op, max(t.size for t in ins + outs))
         compute = flops / (model.cores * model.vector_elems)
-    t = model.launch_s + max(nbytes / model.mem_bytes_per_s, compute)
+    t = model.launch_s + max(memory, compute)
     return KernelCost(node.op.value, t, nbytes, flops)
 
 

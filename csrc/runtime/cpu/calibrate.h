@@ -33,6 +33,8 @@ enum Field : int {
   kStridedRow,      // seconds of a matmul's first read of one row of a narrow strip of B
   kStridedRevisit,  // seconds of every further row panel's read of that row
   kStreamPrefetchGain,  // a streamed decode product's seconds without software prefetch / with
+  kStripSlowdown,  // its seconds reading 1 KiB of each row of its weight / reading 12 KiB
+  kShortPrefetchGain,  // reading 1 KiB of each row: seconds without software prefetch / with
   kFields
 };
 
@@ -190,21 +192,30 @@ double streamed_gemm_once(const float* a, const float* b, float* c, int threads)
   });
 }
 
-// How much slower such a product runs without the software prefetch (>1: it helps here).
-// Rounds alternate the two, as the memory bus of a shared host drifts.
-inline double stream_prefetch_gain(int cores) {
+// Three figures of such a product, rounds alternating as the memory bus of a shared host
+// drifts: gain, how much slower it runs without the software prefetch (>1: the prefetch helps
+// here), and short_gain, the same in 1 KiB strips;
+// strip, how much slower it runs in 256-column strips (1 KiB of each row, what a kernel-level
+// matmul reads) than in 3072-column ones (12 KiB), each with its faster prefetch setting: the
+// hardware prefetchers of some hosts (an Ice Lake Xeon: 1.7-1.9x) stream short runs of many
+// rows far worse than long ones.
+inline void streamed_products(int cores, double* gain, double* strip, double* short_gain) {
   float* a = alloc<float>(8 * 4096, 0.5f);
   float* b = alloc<float>(std::size_t{4096} * 6144, 0.25f);
   float* c = alloc<float>(8 * 6144, 0.0f);
   constexpr i64 NB = 3072;  // two blocks, the grid the 2-core hosts' searches pick
-  std::vector<double> with, without;
+  std::vector<double> with, without, with_n, without_n;
   streamed_gemm_once<true, NB>(a, b, c, cores);
-  for (int r = 0; r < 9; ++r) {
+  for (int r = 0; r < 7; ++r) {
     with.push_back(streamed_gemm_once<true, NB>(a, b, c, cores));
     without.push_back(streamed_gemm_once<false, NB>(a, b, c, cores));
+    with_n.push_back(streamed_gemm_once<true, NB / 12>(a, b, c, cores));
+    without_n.push_back(streamed_gemm_once<false, NB / 12>(a, b, c, cores));
   }
   std::free(a), std::free(b), std::free(c);
-  return median(without) / median(with);
+  *gain = median(without) / median(with);
+  *strip = std::min(median(with_n), median(without_n)) / std::min(median(with), median(without));
+  *short_gain = median(without_n) / median(with_n);
 }
 
 inline void run(double* out) {
@@ -217,7 +228,8 @@ inline void run(double* out) {
   stream_rates(cores, &out[kCoreStream], &out[kAllStream]);
   out[kCores] = cores;
   strided_rows(&out[kStridedRow], &out[kStridedRevisit]);
-  out[kStreamPrefetchGain] = stream_prefetch_gain(cores);
+  streamed_products(cores, &out[kStreamPrefetchGain], &out[kStripSlowdown],
+                    &out[kShortPrefetchGain]);
 }
 
 }  // namespace mj::probe
