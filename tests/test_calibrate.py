@@ -85,7 +85,7 @@ def test_calibration_can_be_turned_off(fresh, monkeypatch):
 
 @pytest.mark.parametrize("gain, short_gain, flags", [
     (0.8, 0.9, ("-DMJ_STREAM_PREFETCH=0",)),
-    (0.8, 1.5, ("-DMJ_STREAM_PREFETCH_MAX_RUN=8192",)),
+    (0.8, 1.5, ("-DMJ_STREAM_PREFETCH_MAX_RUN=5120",)),
     (0.97, 0.8, ()), (1.3, 1.3, ())])  # fmt: skip
 def test_kernels_drop_software_prefetch_only_where_it_measured_clearly_slower(
         fresh, monkeypatch, gain, short_gain, flags):  # fmt: skip

@@ -446,7 +446,7 @@ def test_streamed_matmul_prefetches_only_strips_of_short_rows(rng: np.random.Gen
     """-DMJ_STREAM_PREFETCH_MAX_RUN=<bytes> keeps the software prefetch for strips whose rows
     run shorter than that (B here: 37 of 111 floats per row, 148 bytes) and drops it above."""
     g = _in_place_matmul(8)
-    long_only = ("-DMJ_STREAM_PREFETCH_MAX_RUN=8192",)
+    long_only = ("-DMJ_STREAM_PREFETCH_MAX_RUN=5120",)
     assert _prefetches(g, long_only) > 0
     assert _prefetches(g, ("-DMJ_STREAM_PREFETCH_MAX_RUN=128",)) == 0
     check(g, [rand(rng, t) for t in g.input_types], tol=4e-6, flags=long_only)

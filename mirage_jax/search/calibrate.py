@@ -49,7 +49,7 @@ _FIELDS = ("matmul1", "matmul2", "matmul4", "matmul8", "vector", "core_stream", 
 # Kernels keep matmul.h's software prefetch of streamed operands unless the probe measured a
 # streamed decode product at least this much faster without it (timings scatter by a few %).
 _PREFETCH_OFF_BELOW = 0.95
-_PREFETCH_MAX_RUN = 8192  # bytes per row of a strip, where long rows stream better without
+_PREFETCH_MAX_RUN = 5120  # bytes per row of a strip, where long rows stream better without
 # The probe's streamed product reads its weight in strips of 12 KiB and of 1 KiB per row.
 _STRIP_LONG_BYTES, _STRIP_SHORT_BYTES = 12 * 1024, 1024
 
@@ -93,10 +93,11 @@ def kernel_flags() -> tuple[str, ...]:
     """Build settings of the runtime that this host's measurements decide (compiler flags of
     every generated CPU kernel), for matmul.h's software prefetch of streamed operands:
     nothing where it helps (the Zen hosts) or calibration is off or failed;
-    ``-DMJ_STREAM_PREFETCH_MAX_RUN=8192`` where the hardware prefetchers stream long rows
+    ``-DMJ_STREAM_PREFETCH_MAX_RUN=5120`` where the hardware prefetchers stream long rows
     better alone but short strips still gain from it (an Ice Lake Xeon: 12 KiB runs 1.2-1.3x
-    faster without, 1 KiB runs 1.5x faster with; 4 KiB measured 1.2x faster with, so the
-    limit sits between); ``-DMJ_STREAM_PREFETCH=0`` where it loses at both lengths."""
+    faster without, 1 KiB runs 1.5x faster with; between those, 4 KiB runs gained 1.2x at
+    M = 8 and 3 KiB ones ~1.03x at M = 16, while 6 KiB ones lost 1.1x at M = 16, so the limit
+    sits at 5 KiB); ``-DMJ_STREAM_PREFETCH=0`` where it loses at both lengths."""
     if not calibration_enabled():
         return ()
     try:
