@@ -216,10 +216,12 @@ def test_layout_ops(rng: np.random.Generator) -> None:
 
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_matmul_batched(dtype: DType, rng: np.random.Generator) -> None:
-    """Batch dims, M/N tails of the register blocking, and K split into cache-sized chunks."""
+    """Batch dims, M/N tails of the register blocking, K split into cache-sized chunks, B
+    panels packed for 3+ row panels (M = 37, 20), and a decode product (M = 8) streaming B
+    in passes across chunks."""
     kb = KernelBuilder()
     pairs = [((2, 3, 13, 17), (2, 3, 17, 19)), ((37, 129), (129, 65)), ((20, 300), (300, 70)),
-             ((1, 5), (5, 1))]  # fmt: skip
+             ((1, 5), (5, 1)), ((8, 600), (600, 300))]  # fmt: skip
     for sa, sb in pairs:
         kb.output(kb.matmul(kb.input(T(*sa, dtype=dtype)), kb.input(T(*sb, dtype=dtype))))
     g = kb.build()
@@ -408,11 +410,12 @@ def _in_place_matmul(m: int) -> KernelGraph:
     return _kernel(bb.build())
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 12, 16, 19])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 12, 16, 19, 40])
 def test_block_matmul_reads_tiles_in_place(m: int, rng: np.random.Generator) -> None:
     """Matmul operands are read where they lie (strided tiles of the kernel tensors, batch
     dims split by the grid), for every register blocking of M, a ragged N and a K long
-    enough to be cut into passes with a remainder."""
+    enough to be cut into passes with a remainder; from 3 row panels on (m = 19, 40) each
+    strided B panel is first copied to a dense buffer that all row panels read."""
     g = _in_place_matmul(m)
     source = emit_cpu(g, "k")
     assert source.count("mj::tile_ref<") == 2 and "load_tile" not in source
