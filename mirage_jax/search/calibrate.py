@@ -130,7 +130,6 @@ def model_from(figures: dict[str, float]) -> CpuModel:
     )
 
 
-
 def strip_exponent(slowdown: float) -> float:
     """The exponent p of the model's strip efficiency (run / 12 KiB) ** p that reproduces the
     probe's slowdown of 1 KiB runs against 12 KiB ones (clamped: a run is never faster than a

@@ -50,6 +50,16 @@ MJ_INLINE V vfma(V a, V b, V c) {
   return a * b + c;
 }
 
+// Prefetch (into L2) the lines of NV vectors of one row of B, PF elements past `row`.
+template <class T, int NV, i64 PF>
+MJ_INLINE void prefetch_row(const T* row) {
+  if constexpr (PF != 0) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV * lanes<T>; v += 64 / static_cast<int>(sizeof(T)))
+      __builtin_prefetch(row + v + PF, 0, 2);
+  }
+}
+
 // PF != 0: also prefetch B's lines PF elements ahead (the same place in the next loop
 // iteration's tile), spread over the k loop so the misses overlap the FMAs.
 template <class T, int MR, int NV, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0>
@@ -65,11 +75,7 @@ MJ_INLINE void micro(T* C, const T* A, const T* B) {
     V b[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) b[v] = vload<V>(B + k * LDB + v * W);
-    if constexpr (PF != 0) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV * W; v += 64 / static_cast<int>(sizeof(T)))
-        __builtin_prefetch(B + k * LDB + v + PF, 0, 2);
-    }
+    prefetch_row<T, NV, PF>(B + k * LDB);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const V a = splat<V>(A[r * LDA + k]);
@@ -104,10 +110,7 @@ MJ_INLINE void micro_cols(T* C, const T* A, const T* B) {
 // through TLB misses. A copy (a load and a store per element) that the row panels then read
 // densely from L1 paid off from 3 row panels: a 64 x 2048 x 4096 block product streaming
 // its weight ran 1.35x faster on the Ice Lake (155 vs 110 GFLOP/s on 2 cores).
-#ifndef MJ_PACK_PANELS
-#define MJ_PACK_PANELS 3
-#endif
-inline constexpr int kPackPanels = MJ_PACK_PANELS;
+inline constexpr int kPackPanels = 3;
 
 // All M rows of one column panel, MR rows at a time (NV vectors wide, or NS scalar columns).
 // The first row panel prefetches (PF); the others find B in cache. With kPackPanels or more
@@ -118,18 +121,14 @@ MJ_INLINE void gemm_panel(T* C, const T* A, const T* B) {
   constexpr i64 MF = M / MR * MR;
   constexpr i64 PT = MF > 0 ? 0 : PF;  // the tail prefetches when it is the only panel
   constexpr i64 NR = NV * lanes<T>;
-  if constexpr (kPackPanels > 0 && NV > 0 && MF / MR >= kPackPanels && LDB != NR) {
+  if constexpr (NV > 0 && MF / MR >= kPackPanels && LDB != NR) {
     using V = vec_t<T>;
     constexpr int W = lanes<T>;
     alignas(kAlign) T packed[K * NR];
     for (i64 k = 0; k < K; ++k) {
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) vstore<V>(packed + k * NR + v * W, vload<V>(B + k * LDB + v * W));
-      if constexpr (PF != 0) {
-#pragma GCC unroll 8
-        for (int v = 0; v < NV * W; v += 64 / static_cast<int>(sizeof(T)))
-          __builtin_prefetch(B + k * LDB + v + PF, 0, 2);
-      }
+      prefetch_row<T, NV, PF>(B + k * LDB);
     }
     gemm_panel<T, M, NV, NS, K, LDA, NR, LDC, ACC>(C, A, packed);
     return;
