@@ -6,12 +6,17 @@ import dataclasses
 import json
 import logging
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 from mirage_jax.errors import CompileError
 from mirage_jax.search import calibrate
 from mirage_jax.search import cost as cost_model
+
+sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: make tests/graphs.py importable
+import graphs as G  # noqa: E402
 
 
 @pytest.fixture
@@ -43,6 +48,8 @@ def test_probe_measures_this_host_once_and_caches_the_figures(fresh, monkeypatch
     # 1 KiB against 12 KiB runs of each weight row: 1.7-1.9 on the Ice Lake
     assert 0.5 < figures["strip_slowdown"] < 4, figures
     assert 0.3 < figures["short_prefetch_gain"] < 3, figures
+    # (read + compute - product) / min(read, compute): in [0, 1] but for noise
+    assert -1.0 < figures["stream_overlap"] < 2.0, figures
     (cached,) = (fresh / "calibration").glob("*.json")
     assert json.loads(cached.read_text()) == figures
 
@@ -59,6 +66,28 @@ def test_probe_measures_this_host_once_and_caches_the_figures(fresh, monkeypatch
     assert model.strided_row_s == figures["strided_row"]
     assert model.strided_revisit_s == figures["strided_revisit"]
     assert model.strip_exponent == calibrate.strip_exponent(figures["strip_slowdown"])
+    assert model.overlap == min(1.0, max(0.0, figures["stream_overlap"]))
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.6, 1.0])
+def test_the_model_adds_the_part_of_the_shorter_time_the_host_does_not_hide(overlap):
+    model = dataclasses.replace(cost_model.DEFAULT_MODEL, overlap=overlap)
+    assert cost_model.combined(3.0, 1.0, model) == pytest.approx(3.0 + (1.0 - overlap))
+    assert cost_model.combined(1.0, 3.0, model) == pytest.approx(3.0 + (1.0 - overlap))
+    # a fused kernel's and the kernel-level ops' estimates grow as less is hidden
+    for graph in (G.rmsnorm_linear_fused(16, 4096, 6144, grid=(2, 1), loop=64),
+                  G.rmsnorm_linear_plain(16, 4096, 6144)):  # fmt: skip
+        hides_all = cost_model.estimate(graph, cost_model.DEFAULT_MODEL).time_s
+        if overlap < 1.0:
+            assert cost_model.estimate(graph, model).time_s > hides_all
+        else:
+            assert cost_model.estimate(graph, model).time_s == hides_all
+
+
+@pytest.mark.parametrize("probed, overlap", [(-0.3, 0.0), (0.4, 0.4), (1.2, 1.0)])
+def test_model_takes_the_probed_overlap_clamped(probed, overlap):
+    figures = {f: 1.0 for f in calibrate._FIELDS} | {"stream_overlap": probed}
+    assert calibrate.model_from(figures).overlap == overlap
 
 
 @pytest.mark.parametrize("slowdown, exponent", [(0.9, 0.0), (1.0, 0.0), (12**0.25, 0.25),

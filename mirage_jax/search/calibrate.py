@@ -6,7 +6,8 @@ runtime's own code (``csrc/runtime/cpu/calibrate.h``): the matmul micro-kernel a
 8 rows, an elementwise map, streaming reads from memory on one core and on all, and the
 cost of a matmul reading a narrow column strip of a wide weight row by row, how much a
 streamed matmul slows down when it reads short runs of each row of its weight, and whether it
-runs faster with or without software prefetch (``kernel_flags``). Hosts
+runs faster with or without software prefetch (``kernel_flags``), and how much of a streamed
+product's memory time and compute time overlap. Hosts
 differ by more than 2x in these (the project has run on Zen 5, Zen 4 and Ice Lake machines),
 and a model tuned on one misorders the candidates of the other before the timing step sees
 them.
@@ -45,7 +46,7 @@ MJ_EXPORT void {_SYMBOL}(double* out) {{ mj::probe::run(out); }}
 # the probe's fields (calibrate.h, enum Field), in order
 _FIELDS = ("matmul1", "matmul2", "matmul4", "matmul8", "vector", "core_stream", "all_stream",
            "cores", "strided_row", "strided_revisit", "stream_prefetch_gain",
-           "strip_slowdown", "short_prefetch_gain")  # fmt: skip
+           "strip_slowdown", "short_prefetch_gain", "stream_overlap")  # fmt: skip
 # Kernels keep matmul.h's software prefetch of streamed operands unless the probe measured a
 # streamed decode product at least this much faster without it (timings scatter by a few %).
 _PREFETCH_OFF_BELOW = 0.95
@@ -127,6 +128,9 @@ def model_from(figures: dict[str, float]) -> CpuModel:
         strided_revisit_s=figures["strided_revisit"],
         strip_ref_bytes=_STRIP_LONG_BYTES,
         strip_exponent=strip_exponent(figures["strip_slowdown"]),
+        # the probe is noisy: a product is neither faster than its longer part nor slower than
+        # both parts one after the other
+        overlap=min(1.0, max(0.0, figures["stream_overlap"])),
     )
 
 
@@ -145,7 +149,8 @@ def _run_probe(lib_path: Path) -> dict[str, float]:
     out = (ctypes.c_double * len(_FIELDS))()
     fn(out)
     figures = dict(zip(_FIELDS, map(float, out)))
-    if not all(v > 0 for v in figures.values()):
+    # every field is a rate, a time or a ratio of two, but the overlap, a difference of times
+    if not all(v > 0 for k, v in figures.items() if k != "stream_overlap"):
         raise ValueError(f"the probe measured a non-positive rate: {figures}")
     return figures
 
@@ -173,7 +178,8 @@ def _describe(f: dict[str, float]) -> str:
             f"{f['strided_row'] * 1e9:.1f} ns first, {f['strided_revisit'] * 1e9:.1f} ns "
             f"again, streamed matmul {f['stream_prefetch_gain']:.2f}x slower without software "
             f"prefetch ({f['short_prefetch_gain']:.2f}x in 1 KiB strips) and "
-            f"{f['strip_slowdown']:.2f}x slower in 1 KiB strips")  # fmt: skip
+            f"{f['strip_slowdown']:.2f}x slower in 1 KiB strips, a streamed 16-row product "
+            f"hiding {f['stream_overlap']:.2f} of its shorter part")  # fmt: skip
 
 
 __all__ = ["CALIBRATE_ENV", "calibration_enabled", "host_model", "kernel_flags", "measurements",

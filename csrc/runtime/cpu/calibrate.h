@@ -5,7 +5,9 @@
 // from memory on one core and on all. Hosts differ by more than 2x in all of these (a Zen 5
 // core does two 512-bit FMAs per cycle, a Zen 4 core one), so constants tuned on one machine
 // misorder candidates on another. It also decides one build setting of the kernels: whether
-// streamed matmul operands are prefetched in software (stream_prefetch_gain).
+// streamed matmul operands are prefetched in software (stream_prefetch_gain). And it measures
+// how much of a streamed product's memory time and compute time overlap (stream_overlap, the
+// cost model's `overlap`).
 //
 // This is a probe, not a kernel: it may start threads (the bandwidth of all cores needs them).
 // mirage_jax.search.calibrate compiles it once per host and caches what it prints.
@@ -35,6 +37,7 @@ enum Field : int {
   kStreamPrefetchGain,  // a streamed decode product's seconds without software prefetch / with
   kStripSlowdown,  // its seconds reading 1 KiB of each row of its weight / reading 12 KiB
   kShortPrefetchGain,  // reading 1 KiB of each row: seconds without software prefetch / with
+  kStreamOverlap,  // share of the shorter of a streamed product's read and compute it hides
   kFields
 };
 
@@ -183,9 +186,9 @@ inline void stream_rates(int cores, double* core, double* all) {
 // (96 MiB) read in place, each thread a block of NB columns at a time: a decode product whose
 // weight streams from memory, split by columns as a grid splits it. SWPF: with the software
 // prefetch of matmul.h, or with the hardware prefetchers alone.
-template <bool SWPF, i64 NB>
+template <bool SWPF, i64 NB, i64 M = 8>
 double streamed_gemm_once(const float* a, const float* b, float* c, int threads) {
-  constexpr i64 M = 8, K = 4096, N = 6144, blocks = N / NB;
+  constexpr i64 K = 4096, N = 6144, blocks = N / NB;
   return seconds_on_threads(threads, [&](int t) {
     for (i64 j = t; j < blocks; j += threads)
       gemm<float, M, NB, K, K, N, N, false, 0, true, SWPF>(c + j * NB, a, b + j * NB);
@@ -218,6 +221,38 @@ inline void streamed_products(int cores, double* gain, double* strip, double* sh
   *short_gain = median(without_n) / median(with_n);
 }
 
+// How much of a streamed product's memory time its compute hides: C[16, 6144] = A[16, 4096]
+// @ B on all cores, B (96 MiB) streamed in two blocks of 3072 columns with the kernels'
+// prefetch setting (SWPF) -- the rmsnorm_linear bs=8 product, whose compute time is about its
+// memory time. Against a plain read of B and the same FMAs on 64-row chunks of B in L2:
+// (read + compute - product) / min(read, compute); 1 when the product takes only the longer
+// of the two (the Zen hosts), 0 when it takes their sum (the Ice Lake Xeon, about). Rounds
+// interleave the three, as a shared host's memory bus and clock drift over seconds.
+template <bool SWPF>
+double stream_overlap(int cores) {
+  constexpr i64 M = 16, K = 4096, N = 6144, NB = 3072, KL = 64, blocks = N / NB;
+  float* a = alloc<float>(M * K, 0.5f);
+  float* b = alloc<float>(std::size_t{K} * N, 0.25f);
+  float* c = alloc<float>(M * N, 0.0f);
+  auto in_cache = [&] {
+    return seconds_on_threads(cores, [&](int t) {
+      for (i64 j = t; j < blocks; j += cores)
+        for (i64 k = 0; k < K; k += KL)  // the same 64 rows of B every time: 768 KiB in L2
+          gemm<float, M, NB, KL, K, N, N, true, 0, true, SWPF>(c + j * NB, a + k, b + j * NB);
+    });
+  };
+  std::vector<double> read, compute, product;
+  streamed_gemm_once<SWPF, NB, M>(a, b, c, cores);
+  for (int r = 0; r < 5; ++r) {
+    read.push_back(stream_once(b, cores));
+    compute.push_back(in_cache());
+    product.push_back(streamed_gemm_once<SWPF, NB, M>(a, b, c, cores));
+  }
+  std::free(a), std::free(b), std::free(c);
+  const double rd = median(read), cp = median(compute);
+  return (rd + cp - median(product)) / std::min(rd, cp);
+}
+
 inline void run(double* out) {
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   out[kMatmul1] = matmul_rate<1>();
@@ -230,6 +265,10 @@ inline void run(double* out) {
   strided_rows(&out[kStridedRow], &out[kStridedRevisit]);
   streamed_products(cores, &out[kStreamPrefetchGain], &out[kStripSlowdown],
                     &out[kShortPrefetchGain]);
+  // with the prefetch setting kernels get for 12 KiB runs (0.95: calibrate.py's
+  // _PREFETCH_OFF_BELOW, kernel_flags)
+  out[kStreamOverlap] = out[kStreamPrefetchGain] >= 0.95 ? stream_overlap<true>(cores)
+                                                          : stream_overlap<false>(cores);
 }
 
 }  // namespace mj::probe
