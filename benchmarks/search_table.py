@@ -16,6 +16,12 @@ whether a verified candidate is the single graph-defined kernel Mirage finds for
     python benchmarks/search_table.py                 # bs 1 and 8, all six programs
     python benchmarks/search_table.py --bs 1 --programs gqa_decode,lora --no-time
     python benchmarks/search_table.py --top-k 8       # rank correlation over 8 candidates
+    python benchmarks/search_table.py --rerank overlap=0,0.5,1
+
+``--rerank FIELD=V1,V2,...`` also ranks each search's timed candidates again with the host's
+cost model at every value of one ``CpuModel`` field, and prints rho and pick/best per value:
+the same measurements under each model, so a change to the model is compared without the
+timing noise of two runs.
 """
 
 from __future__ import annotations
@@ -78,6 +84,50 @@ def pick_regret(timed: list[tuple[str, float, float]]) -> float | None:
     return pick[2] / min(m for _, _, m in timed)
 
 
+def parse_rerank(text: str) -> tuple[str, tuple[float, ...]]:
+    """``"overlap=0,0.5,1"`` -> ("overlap", (0.0, 0.5, 1.0)), checked against ``CpuModel``."""
+    import dataclasses
+
+    from mirage_jax.search.cost import CpuModel
+
+    field, _, values = text.partition("=")
+    names = {f.name for f in dataclasses.fields(CpuModel)}
+    if field not in names or not values:
+        raise argparse.ArgumentTypeError(
+            f"--rerank {text!r}: expected FIELD=V1,V2,... with FIELD one of {sorted(names)}")
+    return field, tuple(float(v) for v in values.split(","))
+
+
+def rerank(result, field: str, values: tuple[float, ...]) -> dict[float, tuple]:
+    """value -> (rho, pick/best) of the cost model with ``field = value`` on the search's
+    timed candidates (None where fewer than two were timed)."""
+    import dataclasses
+
+    from mirage_jax.search.calibrate import host_model
+    from mirage_jax.search.cost import estimate
+
+    timed = [c for c in result.verified if c.measured_s is not None]
+    out = {}
+    for v in values:
+        model = dataclasses.replace(host_model(), **{field: v})
+        est = [estimate(c.graph, model).time_s for c in timed]
+        trio = [(c.summary(), e, c.measured_s) for c, e in zip(timed, est)]
+        out[v] = (spearman(est, [c.measured_s for c in timed]), pick_regret(trio))
+    return out
+
+
+def _rerank_summary(field: str, per_search: list[dict[float, tuple]]) -> None:
+    for v in per_search[0] if per_search else ():
+        rhos = [r[v][0] for r in per_search if r[v][0] is not None]
+        picks = [r[v][1] for r in per_search if r[v][1] is not None]
+        if not picks:
+            continue
+        geo = math.exp(sum(map(math.log, picks)) / len(picks))
+        rho = f"{sum(rhos) / len(rhos):+.2f} over {len(rhos)}" if rhos else "-"
+        print(f"{field}={v:g}: mean rho {rho}, pick/best geomean {geo:.2f}x, worst "
+              f"{max(picks):.2f}x over {len(picks)} searches")
+
+
 def _row(name: str, bs: int, result, wall: float) -> list[str]:
     r = result.report
     from mirage_jax import suite
@@ -127,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=4,
                         help="verified candidates to time (and to correlate with the model)")
     parser.add_argument("--verbose", action="store_true", help="print every search report")
+    parser.add_argument("--rerank", type=parse_rerank, metavar="FIELD=V1,V2,...",
+                        help="also rank the timed candidates with a CpuModel field at each value")
     args = parser.parse_args(argv)
 
     from mirage_jax import suite
@@ -139,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                           time_candidates=not args.no_time, progress=False,
                           max_verify=max(SearchConfig.max_verify, args.top_k),
                           top_k_timed=args.top_k)  # fmt: skip
-    rows = []
+    rows, reranked = [], []
     for bs in args.bs:
         for program in suite.programs(bs):
             if wanted and program.name not in wanted:
@@ -154,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
                 if args.verbose:
                     print(result.report, "\n", flush=True)
                 print("  ".join(rows[-1][:2] + rows[-1][-3:]), flush=True)
+                if args.rerank and not args.no_time:
+                    reranked.append(rerank(result, *args.rerank))
+                    print("  " + "  ".join(
+                        f"{args.rerank[0]}={v:g}: rho {'-' if r is None else f'{r:+.2f}'}, "
+                        f"pick {'-' if p is None else f'{p:.2f}x'}"
+                        for v, (r, p) in reranked[-1].items()), flush=True)  # fmt: skip
     print()
     _print_table(rows)
     rhos = [float(r[12].split()[0]) for r in rows if r[12] != "-"]
@@ -165,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         geo = math.exp(sum(math.log(x) for x in regrets) / len(regrets))
         print(f"the model's first pick over the fastest measured: geomean {geo:.2f}x, worst "
               f"{max(regrets):.2f}x over {len(regrets)} searches")
+    if reranked:
+        print()
+        _rerank_summary(args.rerank[0], reranked)
     return 0
 
 
