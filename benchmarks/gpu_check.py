@@ -35,19 +35,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the source tree, not an older installed copy
 
-import jax
-import numpy as np
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
-from mirage_jax import suite
-from mirage_jax.codegen.cuda import emit_cuda
-from mirage_jax.codegen.cuda_build import build_cuda
-from mirage_jax.errors import MirageError
-from mirage_jax.frontend import trace
-from mirage_jax.ir import KernelGraph
-from mirage_jax.lowering import TOLERANCE
-from mirage_jax.runtime import cuda as rt
-from mirage_jax.search import gpu_cost
-from mirage_jax.timing import compare
+from mirage_jax import suite  # noqa: E402
+from mirage_jax.codegen.cuda import emit_cuda  # noqa: E402
+from mirage_jax.codegen.cuda_build import build_cuda  # noqa: E402
+from mirage_jax.errors import MirageError  # noqa: E402
+from mirage_jax.frontend import trace  # noqa: E402
+from mirage_jax.ir import KernelGraph  # noqa: E402
+from mirage_jax.lowering import TOLERANCE  # noqa: E402
+from mirage_jax.runtime import cuda as rt  # noqa: E402
+from mirage_jax.search import gpu_cost  # noqa: E402
+from mirage_jax.timing import compare  # noqa: E402
 
 
 def _load_graphs():

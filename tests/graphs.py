@@ -178,13 +178,13 @@ def attention_fused(
     q_t = bb.input_iter(0, (0, 1, N))
     k_t = bb.input_iter(1, (0, N, N), 2)
     v_t = bb.input_iter(2, (0, N, N), 1)
-    o, l, mx = _online_softmax_body(bb, q_t, k_t, v_t)
+    o, den_t, mx = _online_softmax_body(bb, q_t, k_t, v_t)
     if variant == "norescale":
-        num, den = bb.apply(Op.ACC_SUM, o), bb.apply(Op.ACC_SUM, l)
+        num, den = bb.apply(Op.ACC_SUM, o), bb.apply(Op.ACC_SUM, den_t)
     elif variant == "acc_max":
-        num, den = bb.apply(Op.ACC_MAX, o), bb.apply(Op.ACC_RESCALE_SUM, l, mx)
+        num, den = bb.apply(Op.ACC_MAX, o), bb.apply(Op.ACC_RESCALE_SUM, den_t, mx)
     else:
-        num, den = bb.apply(Op.ACC_RESCALE_SUM, o, mx), bb.apply(Op.ACC_RESCALE_SUM, l, mx)
+        num, den = bb.apply(Op.ACC_RESCALE_SUM, o, mx), bb.apply(Op.ACC_RESCALE_SUM, den_t, mx)
     bb.output_saver(bb.apply(Op.DIV, num, den), (0, 1, N))
     return _wrap(bb.build())
 
@@ -212,11 +212,11 @@ def flash_decoding_split(
     q_t = bb.input_iter(0, (0, N, N))
     k_t = bb.input_iter(1, (0, 1, N), 3)
     v_t = bb.input_iter(2, (0, 1, N), 2)
-    o, l, mx = _online_softmax_body(bb, q_t, k_t, v_t)
-    o, l, mx = (
-        bb.apply(Op.ACC_RESCALE_SUM, o, mx), bb.apply(Op.ACC_RESCALE_SUM, l, mx),
+    o, den_t, mx = _online_softmax_body(bb, q_t, k_t, v_t)
+    o, den_t, mx = (
+        bb.apply(Op.ACC_RESCALE_SUM, o, mx), bb.apply(Op.ACC_RESCALE_SUM, den_t, mx),
         bb.apply(Op.ACC_MAX, mx))  # fmt: skip
-    for value in (o, l, mx):
+    for value in (o, den_t, mx):
         bb.output_saver(value, (0, 1, N))
     o4, l4, m4 = kb.graph_def(bb.build(), q4, k4, v4)
 
