@@ -10,7 +10,10 @@ each reaches, the cold planning time (trace, search, compile, verify, time; empt
 the search's and the C++ compiler's share of it, the planning time from the on-disk cache
 (which searches and compiles nothing), the time of a no-op jitted call on the same arguments
 (the fixed cost of any call from Python, which bounds the smallest cases), and the share of
-CPU time the hypervisor stole while the case was timed (a noisy-neighbour flag).
+CPU time the hypervisor stole while the case was timed (a noisy-neighbour flag). For every
+memory-bound case over its floor target the summary also gives its ratio to memory time +
+compute time + that call: the floor of a host whose cores do not overlap reads from memory
+with FMAs (the probe's stream_overlap near 0, as on an Ice Lake Xeon).
 """
 
 from __future__ import annotations
@@ -148,8 +151,9 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace,
     steal = steal_share(ticks, cpu_ticks())
     after = ceilings.measure()
     bw, rate = max(before[0], after[0]), max(before[1], after[1])
-    floor = max(nbytes / bw, flops / rate)
-    bound = "memory" if nbytes / bw >= flops / rate else "compute"
+    memory_s, compute_s = nbytes / bw, flops / rate
+    floor = max(memory_s, compute_s)
+    bound = "memory" if memory_s >= compute_s else "compute"
     search_s = sum(p.search_report.total_s for p in plan.regions if p.search_report)
     searched_again = sum(p.search_report is not None for p in warm_plan.regions)
     return {
@@ -157,7 +161,11 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace,
         "speedup": t_xla / t_mj, "floor_s": floor, "bandwidth": bw, "matmul_rate": rate,
         "xla_of_floor": t_xla / floor,
         "mirage_of_floor": t_mj / floor, "dispatch_s": dispatch,
-        "mirage_of_floor_dispatch": t_mj / (floor + dispatch), "plan_cold_s": cold, "plan_cached_s": warm,
+        "mirage_of_floor_dispatch": t_mj / (floor + dispatch),
+        # the floor of a host that cannot overlap reads with FMAs (calibrate.h, stream_overlap)
+        "memory_s": memory_s, "compute_s": compute_s,
+        "mirage_of_sum": t_mj / (memory_s + compute_s + dispatch),
+        "plan_cold_s": cold, "plan_cached_s": warm,
         "search_s": search_s, "searches_from_cache": searched_again,
         "compile_s": built.compile_s, "compiles": built.compiles, "max_rel_err": err,
         "steal": steal,
@@ -197,7 +205,9 @@ def print_table(rows: list[dict]) -> None:
             if r["mirage_of_floor"] > FLOOR_TARGET:
                 print(f"  {r['program']} bs={r['bs']}: {r['mirage_of_floor']:.2f}x its floor; "
                       f"{r['mirage_of_floor_dispatch']:.2f}x of floor + a no-op call's "
-                      f"{r['dispatch_s'] * 1e6:.0f} us")
+                      f"{r['dispatch_s'] * 1e6:.0f} us; {r['mirage_of_sum']:.2f}x of memory + "
+                      f"compute ({r['compute_s'] * 1e3:.3f} ms) + that call, the floor where "
+                      "reads and FMAs do not overlap")
 
 
 def _percent(x: float | None) -> str:
