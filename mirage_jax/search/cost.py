@@ -37,8 +37,7 @@ Per graph-defined kernel:
 
 time = launch + max(memory time, compute time / efficiency) + (1 - overlap) * the shorter of the
 two + spill time + overheads, where ``overlap`` is the share of the shorter that a core hides
-under the longer (calibrated: the Zen hosts hide nearly all of it, an Ice Lake Xeon hardly
-any). Kernel-level
+under the longer (calibrated; an Ice Lake Xeon hides little of it). Kernel-level
 (pre-defined) ops are simple streaming kernels over whole tensors. The search uses the rates
 ``calibrate.host_model()`` measured on the host it runs on; the defaults here are one such
 machine (2 cores of an AMD EPYC Zen 5, ~40 GB/s of streaming reads, AVX-512 with two FMA
@@ -105,11 +104,12 @@ class CpuModel:
     strip_ref_bytes: int = 4096
     strip_exponent: float = 0.1
     # the share of the shorter of a kernel's memory and compute times hidden under the longer,
-    # calibrated from a streamed product whose two are alike: the Zen hosts' prefetch keeps
-    # misses overlapping the FMAs; on an Ice Lake Xeon the product took about the sum (probed
-    # 0-0.5), and re-ranking the same timed candidates of the 12 suite cases with 0 instead of
-    # 1 took the model's rank correlation from -0.06 to +0.29 and its first pick from 1.25x to
-    # 1.08x of the fastest (geomean; rmsnorm_linear bs=8: 2.04x to 1.00x)
+    # calibrated from a streamed product whose two are alike. The default 1 is the Zen hosts'
+    # (their software prefetch was measured keeping misses under the FMAs; this probe has not
+    # run there). On an Ice Lake Xeon the product took about the sum (probed 0-0.5), and
+    # re-ranking the same timed candidates of 10 suite searches with 0 instead of 1 took the
+    # model's rank correlation from -0.06 to +0.29 and its first pick from 1.25x to 1.08x of
+    # the fastest (geomean; rmsnorm_linear bs=8: 2.04x to 1.00x)
     overlap: float = 1.0
 
 
