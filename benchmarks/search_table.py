@@ -85,17 +85,24 @@ def pick_regret(timed: list[tuple[str, float, float]]) -> float | None:
 
 
 def parse_rerank(text: str) -> tuple[str, tuple[float, ...]]:
-    """``"overlap=0,0.5,1"`` -> ("overlap", (0.0, 0.5, 1.0)), checked against ``CpuModel``."""
+    """``"overlap=0,0.5,1"`` -> ("overlap", (0.0, 0.5, 1.0)): a scalar ``CpuModel`` field and
+    values of its type."""
     import dataclasses
 
-    from mirage_jax.search.cost import CpuModel
+    from mirage_jax.search.cost import DEFAULT_MODEL
 
     field, _, values = text.partition("=")
-    names = {f.name for f in dataclasses.fields(CpuModel)}
-    if field not in names or not values:
+    fields = dataclasses.fields(DEFAULT_MODEL)
+    kinds = {f.name: type(getattr(DEFAULT_MODEL, f.name)) for f in fields}
+    scalar = sorted(name for name, kind in kinds.items() if kind in (int, float))
+    if field not in scalar or not values:
         raise argparse.ArgumentTypeError(
-            f"--rerank {text!r}: expected FIELD=V1,V2,... with FIELD one of {sorted(names)}")
-    return field, tuple(float(v) for v in values.split(","))
+            f"--rerank {text!r}: expected FIELD=V1,V2,... with FIELD one of {scalar}")
+    try:
+        return field, tuple(kinds[field](v) for v in values.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--rerank {text!r}: {field} takes {kinds[field].__name__} values") from None
 
 
 def rerank(result, field: str, values: tuple[float, ...]) -> dict[float, tuple]:

@@ -23,6 +23,11 @@ def test_rerank_field_is_checked_against_the_cost_model():
         search_table.parse_rerank("overlaps=1")
     with pytest.raises(argparse.ArgumentTypeError, match="FIELD=V1"):
         search_table.parse_rerank("overlap")
+    assert search_table.parse_rerank("cores=1,2") == ("cores", (1, 2))  # an int field's type
+    with pytest.raises(argparse.ArgumentTypeError, match="int values"):
+        search_table.parse_rerank("cores=1.5")
+    with pytest.raises(argparse.ArgumentTypeError, match="FIELD=V1"):
+        search_table.parse_rerank("matmul_rates=1")  # a tuple, not a scalar
 
 
 def test_rerank_orders_the_same_measurements_under_each_model(monkeypatch):
