@@ -182,7 +182,7 @@ def _matmul_rate(m: int, n: int, model: CpuModel) -> float:
     that ratio scales the measured rate. Ragged edges run partly empty panels.
     """
     lanes, regs = model.simd_lanes, model.acc_regs
-    mr = _register_rows(m, model)
+    mr = _register_rows(m, n, model)
     vecs = math.ceil(n / lanes)
     full = max(1, min(regs // mr, 8))
     nv = min(vecs, full)
@@ -192,11 +192,19 @@ def _matmul_rate(m: int, n: int, model: CpuModel) -> float:
     return _block_rate(mr, model) * narrow * rows * cols
 
 
-def _register_rows(m: int, model: CpuModel) -> int:
-    """Rows of C per register block (``Blocking::pick_mr`` in matmul.h)."""
+def _register_rows(m: int, n: int, model: CpuModel) -> int:
+    """Rows of C per register block (``Blocking::pick_mr`` in matmul.h): 8 x 3 for m a multiple
+    of 8 unless the default 6 x 4 tiles n exactly and 8 x 3's column tail is a larger share of
+    n than 6 x 4's row tail is of m."""
     if m <= 8 and 2 * m <= model.acc_regs:
         return m
-    return 8 if m % 8 == 0 and model.acc_regs >= 24 else 6
+    if m % 8 == 0 and model.acc_regs >= 24:
+        lanes = model.simd_lanes
+        tail = n % (3 * lanes)
+        default_fits = n % (4 * lanes) == 0 and tail != 0 and tail * m > (m % 6) * n
+        if not default_fits:
+            return 8
+    return 6
 
 
 def _step_efficiency(mr: int, nv: int, model: CpuModel) -> float:
@@ -296,7 +304,7 @@ def _strided_rows(block: BlockGraph, node: Node, model: CpuModel) -> float:
     if row_bytes >= _STRIP_ROW_BYTES or stride < model.page_bytes or k <= 512:
         return 0.0
     m = block.types[node.ins[0]].shape[-2]
-    panels = math.ceil(m / _register_rows(m, model))
+    panels = math.ceil(m / _register_rows(m, tile.shape[-1], model))
     batch = tile.size // (k * tile.shape[-1])
     return batch * k * (model.strided_row_s + (panels - 1) * model.strided_revisit_s)
 
