@@ -182,7 +182,7 @@ inline void stream_rates(int cores, double* core, double* all) {
   *all = bytes / median(tn);
 }
 
-// Seconds of `threads` threads computing C[8, 6144] = A[8, 4096] @ B for the 4096 x 6144 B
+// Seconds of `threads` threads computing C[M, 6144] = A[M, 4096] @ B for the 4096 x 6144 B
 // (96 MiB) read in place, each thread a block of NB columns at a time: a decode product whose
 // weight streams from memory, split by columns as a grid splits it. SWPF: with the software
 // prefetch of matmul.h, or with the hardware prefetchers alone.

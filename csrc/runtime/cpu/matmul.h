@@ -42,8 +42,8 @@ template <class T, i64 M, i64 N = 0>
 struct Blocking {
   using C = GemmCfg<T>;
   static constexpr bool default_fits() {
-    constexpr i64 W = C::W, NR = C::NV * W;
-    return N > 0 && N % NR == 0 && N % (3 * W) != 0 && (N % (3 * W)) * M > (M % C::MR) * N;
+    constexpr i64 NR = C::NV * C::W, NR8 = C::ACC_REGS / 8 * C::W;  // 6 x 4's and 8 x 3's width
+    return N > 0 && N % NR == 0 && N % NR8 != 0 && (N % NR8) * M > (M % C::MR) * N;
   }
   static constexpr int pick_mr() {
     if (M <= 8 && M * 2 <= C::ACC_REGS) return static_cast<int>(M);
@@ -122,11 +122,12 @@ MJ_INLINE void micro_cols(T* C, const T* A, const T* B) {
 // its weight ran 1.35x faster on the Ice Lake (155 vs 110 GFLOP/s on 2 cores).
 inline constexpr int kPackPanels = 3;
 
-// All M rows of one column panel, MR rows at a time (NV vectors wide, or NS scalar columns).
+// All M rows of one column panel, MR rows at a time (NV vectors wide, or NS scalar columns);
+// MR is the caller's Blocking<T, M, N>, which depends on the whole product's N.
 // The first row panel prefetches (PF); the others find B in cache. With kPackPanels or more
 // row panels, B is first copied to a dense buffer (prefetching as the first panel would).
-template <class T, i64 M, int NV, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0,
-          int MR = Blocking<T, M>::MR>
+template <class T, i64 M, int MR, int NV, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC,
+          i64 PF = 0>
 MJ_INLINE void gemm_panel(T* C, const T* A, const T* B) {
   constexpr i64 MF = M / MR * MR;
   constexpr i64 PT = MF > 0 ? 0 : PF;  // the tail prefetches when it is the only panel
@@ -140,7 +141,7 @@ MJ_INLINE void gemm_panel(T* C, const T* A, const T* B) {
       for (int v = 0; v < NV; ++v) vstore<V>(packed + k * NR + v * W, vload<V>(B + k * LDB + v * W));
       prefetch_row<T, NV, PF>(B + k * LDB);
     }
-    gemm_panel<T, M, NV, NS, K, LDA, NR, LDC, ACC, 0, MR>(C, A, packed);
+    gemm_panel<T, M, MR, NV, NS, K, LDA, NR, LDC, ACC>(C, A, packed);
     return;
   }
   for (i64 i = 0; i < MF; i += MR) {
@@ -166,13 +167,13 @@ MJ_INLINE void gemm_chunk(T* C, const T* A, const T* B) {
   constexpr int W = GemmCfg<T>::W, NV = Bk::NV, MR = Bk::MR;
   constexpr i64 NR = NV * W, NF = N / NR * NR;
   for (i64 j = 0; j < NF; j += NR)
-    gemm_panel<T, M, NV, 0, K, LDA, LDB, LDC, ACC, PF, MR>(C + j, A, B + j);
+    gemm_panel<T, M, MR, NV, 0, K, LDA, LDB, LDC, ACC, PF>(C + j, A, B + j);
   constexpr int NVT = static_cast<int>((N - NF) / W);
   if constexpr (NVT > 0)
-    gemm_panel<T, M, NVT, 0, K, LDA, LDB, LDC, ACC, PF, MR>(C + NF, A, B + NF);
+    gemm_panel<T, M, MR, NVT, 0, K, LDA, LDB, LDC, ACC, PF>(C + NF, A, B + NF);
   constexpr i64 J = NF + NVT * W;
   if constexpr (N > J)
-    gemm_panel<T, M, 0, static_cast<int>(N - J), K, LDA, LDB, LDC, ACC, 0, MR>(C + J, A, B + J);
+    gemm_panel<T, M, MR, 0, static_cast<int>(N - J), K, LDA, LDB, LDC, ACC>(C + J, A, B + J);
 }
 
 // Rows of B per pass over all column panels: a pass touches KC rows of B (KC pages when B's
