@@ -39,10 +39,6 @@ from mirage_jax.search.cost import DEFAULT_MODEL, CpuModel
 
 CALIBRATE_ENV = "MIRAGE_JAX_CALIBRATE"
 _SYMBOL = "mj_calibrate"
-_SOURCE = f"""// mirage_jax host calibration probe
-#include "cpu/calibrate.h"
-MJ_EXPORT void {_SYMBOL}(double* out) {{ mj::probe::run(out); }}
-"""
 # the probe's fields (calibrate.h, enum Field), in order
 _FIELDS = ("matmul1", "matmul2", "matmul4", "matmul8", "vector", "core_stream", "all_stream",
            "cores", "strided_row", "strided_revisit", "stream_prefetch_gain",
@@ -50,6 +46,12 @@ _FIELDS = ("matmul1", "matmul2", "matmul4", "matmul8", "vector", "core_stream", 
 # Kernels keep matmul.h's software prefetch of streamed operands unless the probe measured a
 # streamed decode product at least this much faster without it (timings scatter by a few %).
 _PREFETCH_OFF_BELOW = 0.95
+# The probe measures the overlap under the prefetch setting kernels will get, so it is told the
+# threshold; the threshold is part of the probe's source and so of its cache key.
+_SOURCE = f"""// mirage_jax host calibration probe
+#include "cpu/calibrate.h"
+MJ_EXPORT void {_SYMBOL}(double* out) {{ mj::probe::run(out, {_PREFETCH_OFF_BELOW!r}); }}
+"""
 _PREFETCH_MAX_RUN = 5120  # bytes per row of a strip, where long rows stream better without
 # The probe's streamed product reads its weight in strips of 12 KiB and of 1 KiB per row.
 _STRIP_LONG_BYTES, _STRIP_SHORT_BYTES = 12 * 1024, 1024

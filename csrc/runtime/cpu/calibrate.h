@@ -253,7 +253,9 @@ double stream_overlap(int cores) {
   return (rd + cp - median(product)) / std::min(rd, cp);
 }
 
-inline void run(double* out) {
+// prefetch_off_below: the gain below which kernels are built without software prefetch
+// (calibrate.py's _PREFETCH_OFF_BELOW, passed in so that the rule has one home).
+inline void run(double* out, double prefetch_off_below) {
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   out[kMatmul1] = matmul_rate<1>();
   out[kMatmul2] = matmul_rate<2>();
@@ -265,10 +267,10 @@ inline void run(double* out) {
   strided_rows(&out[kStridedRow], &out[kStridedRevisit]);
   streamed_products(cores, &out[kStreamPrefetchGain], &out[kStripSlowdown],
                     &out[kShortPrefetchGain]);
-  // with the prefetch setting kernels get for 12 KiB runs (0.95: calibrate.py's
-  // _PREFETCH_OFF_BELOW, kernel_flags)
-  out[kStreamOverlap] = out[kStreamPrefetchGain] >= 0.95 ? stream_overlap<true>(cores)
-                                                          : stream_overlap<false>(cores);
+  // with the prefetch setting kernels get for 12 KiB runs (calibrate.py's kernel_flags)
+  out[kStreamOverlap] = out[kStreamPrefetchGain] >= prefetch_off_below
+                            ? stream_overlap<true>(cores)
+                            : stream_overlap<false>(cores);
 }
 
 }  // namespace mj::probe
