@@ -6,7 +6,10 @@
 For every program and batch size: jax.jit median time, mirage_jax.optimize median time, the
 speedup, this machine's roofline floor (max of bytes / memory bandwidth and flops / matmul
 rate, both measured right before and after the case is timed), the fraction of the floor
-each reaches, the cold planning time (trace, search, compile, verify, time; empty cache) with
+each reaches, and mirage's fraction of a second floor ("mj/fl~") whose bandwidth and rate
+were measured between the rounds of the two programs' timing (the memory bus of a shared
+host drifts within seconds, so the floor around the timing can be faster than the bus the
+programs met), the cold planning time (trace, search, compile, verify, time; empty cache) with
 the search's and the C++ compiler's share of it, the planning time from the on-disk cache
 (which searches and compiles nothing), the time of a no-op jitted call on the same arguments
 (the fixed cost of any call from Python, which bounds the smallest cases), and the share of
@@ -26,7 +29,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +50,8 @@ class Ceilings:
     The memory bus of these shared hosts drifts by up to 2x within minutes (17-37 GB/s seen
     on one host in one session), so a floor measured at the start of a run says little about
     a case timed ten minutes later: each case takes its floor from measurements right before
-    and right after its own timing, the better of the two (the stricter floor).
+    and right after its own timing, the better of the two (the stricter floor), and a second
+    one from the same probes timed between the rounds of the case's (``probes``, ``rates``).
 
     Bandwidth: a row reduction over 128 MiB reads without allocating an output, so page faults
     on fresh output buffers do not pollute the figure; the better of XLA's reduction and the
@@ -66,10 +72,16 @@ class Ceilings:
 
     def measure(self, budget_s: float = 0.5) -> tuple[float, float]:
         """(bytes/s, flop/s) now."""
-        bw = max(self.x.nbytes / median_seconds(f, (self.x,), budget_s=budget_s)
-                 for f in self.readers)  # fmt: skip
-        rate = 2 * 2048**3 / median_seconds(self.matmul, (self.a, self.a), budget_s=budget_s)
-        return bw, rate
+        return self.rates([median_seconds(f, a, budget_s=budget_s) for f, a in self.probes()])
+
+    def probes(self) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+        """The timed calls behind ``measure``, for timing interleaved with a case's own."""
+        return [(f, (self.x,)) for f in self.readers] + [(self.matmul, (self.a, self.a))]
+
+    def rates(self, seconds: list[float]) -> tuple[float, float]:
+        """(bytes/s, flop/s) from the median seconds of ``probes()``."""
+        *reads, product = seconds
+        return self.x.nbytes / min(reads), 2 * 2048**3 / product
 
 
 def program_cost(program: suite.Program, args: list) -> tuple[float, float]:
@@ -121,6 +133,23 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
+def timed_with_probes(fast: Callable[..., Any], xla: Callable[..., Any], args: tuple,
+                      ceilings: Ceilings, rounds: int) -> tuple[float, float, list[float]]:  # fmt: skip
+    """Median times of the two programs (``compare``, half a second per round) and of the
+    ceilings' probes, which run between the rounds: a floor from the memory bus and cores as
+    the programs found them. Between rounds, not between blocks of calls: a probe's 128 MiB
+    read evicts a small case's inputs from cache and its product leaves the cores busy for a
+    while, which would slow the first calls of every block after it."""
+    rows = []
+    for _ in range(rounds):
+        t_mj, t_xla = compare(fast, xla, args, rounds=1, budget_s=0.5)
+        probes = [median_seconds(f, a, warmup=1, min_reps=3, budget_s=0.05)
+                  for f, a in ceilings.probes()]  # fmt: skip
+        rows.append([t_mj, t_xla, *probes])
+    t_mj, t_xla, *probe_s = (statistics.median(col) for col in zip(*rows))
+    return t_mj, t_xla, probe_s
+
+
 def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace,
                ceilings: Ceilings) -> dict:  # fmt: skip
     inputs = [jax.device_put(x) for x in suite.make_inputs(program, seed=0)]
@@ -147,13 +176,15 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace,
     before = ceilings.measure()
     dispatch = dispatch_seconds(args)
     ticks = cpu_ticks()
-    t_mj, t_xla = compare(fast, xla, args, rounds=args_ns.rounds, budget_s=0.5)
+    t_mj, t_xla, probe_s = timed_with_probes(fast, xla, args, ceilings, args_ns.rounds)
     steal = steal_share(ticks, cpu_ticks())
     after = ceilings.measure()
     bw, rate = max(before[0], after[0]), max(before[1], after[1])
     memory_s, compute_s = nbytes / bw, flops / rate
     floor = max(memory_s, compute_s)
     bound = "memory" if memory_s >= compute_s else "compute"
+    bw_during, rate_during = ceilings.rates(probe_s)
+    floor_during = max(nbytes / bw_during, flops / rate_during)
     search_s = sum(p.search_report.total_s for p in plan.regions if p.search_report)
     searched_again = sum(p.search_report is not None for p in warm_plan.regions)
     return {
@@ -162,6 +193,9 @@ def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace,
         "xla_of_floor": t_xla / floor,
         "mirage_of_floor": t_mj / floor, "dispatch_s": dispatch,
         "mirage_of_floor_dispatch": t_mj / (floor + dispatch),
+        # the floor from the ceilings measured between the rounds of the two programs' timing
+        "bandwidth_during": bw_during, "matmul_rate_during": rate_during,
+        "floor_during_s": floor_during, "mirage_of_floor_during": t_mj / floor_during,
         # the floor of a host that cannot overlap reads with FMAs (calibrate.h, stream_overlap)
         "memory_s": memory_s, "compute_s": compute_s,
         "mirage_of_sum": t_mj / (memory_s + compute_s + dispatch),
@@ -179,7 +213,7 @@ FLOOR_TARGET = 1.25  # issue 5: memory-bound cases within 1.25x of their floor
 def print_table(rows: list[dict]) -> None:
     head = (f"{'program':16} {'bs':>2} {'jax.jit':>10} {'mirage':>10} {'speedup':>8} "
             f"{'floor':>10} {'bound':>7} {'GB/s':>5} {'disp':>6} {'xla/fl':>7} {'mj/fl':>7} "
-            f"{'cold':>7} "
+            f"{'mj/fl~':>7} {'cold':>7} "
             f"{'search':>7} "
             f"{'compile':>8} {'cached':>7} {'steal':>6}")  # fmt: skip
     print(head)
@@ -189,7 +223,7 @@ def print_table(rows: list[dict]) -> None:
               f"{r['mirage_s']*1e3:>8.3f}ms {r['speedup']:>7.2f}x {r['floor_s']*1e3:>8.3f}ms "
               f"{r['bound']:>7} {r['bandwidth'] / 1e9:>5.1f} {r['dispatch_s'] * 1e6:>4.0f}us "
               f"{r['xla_of_floor']:>7.2f} "
-              f"{r['mirage_of_floor']:>7.2f} "
+              f"{r['mirage_of_floor']:>7.2f} {r['mirage_of_floor_during']:>7.2f} "
               f"{r['plan_cold_s']:>6.1f}s {r['search_s']:>6.1f}s {r['compile_s']:>7.1f}s "
               f"{r['plan_cached_s']:>6.2f}s "
               f"{_percent(r.get('steal')):>6}")
@@ -201,6 +235,10 @@ def print_table(rows: list[dict]) -> None:
         worst = max(memory, key=lambda r: r["mirage_of_floor"])
         print(f"memory-bound cases: {len(memory)}; worst mirage/floor "
               f"{worst['mirage_of_floor']:.2f} ({worst['program']} bs={worst['bs']})")
+        for key, what in (("mirage_of_floor", "the floor around the timing"),
+                          ("mirage_of_floor_during", "the floor measured between its rounds")):
+            met = sum(r[key] <= FLOOR_TARGET for r in memory)
+            print(f"  within {FLOOR_TARGET}x of {what}: {met} of {len(memory)}")
         for r in memory:
             if r["mirage_of_floor"] > FLOOR_TARGET:
                 print(f"  {r['program']} bs={r['bs']}: {r['mirage_of_floor']:.2f}x its floor; "
