@@ -220,13 +220,13 @@ def test_matmul_batched(dtype: DType, rng: np.random.Generator) -> None:
     panels packed for 3+ row panels (M = 37, 20), a decode product (M = 8) streaming B
     in passes across chunks, and M a multiple of 8 whose N the default blocking's vectors
     tile exactly (40 x 64, 64 x 128: 6 x 4 with a row tail instead of 8 x 3 with a column
-    tail). Kernel-level M blocks: one of 128 rows, four of 32 (too few N blocks), 56 x 3 + 32
-    and 72 + 58."""
+    tail). Kernel-level M blocks (k::matmul's kernel_block_rows): one of 128 rows (8 N blocks),
+    two of 64 and four of 32 (fewer N blocks), 56 x 3 + 32 and 72 + 58."""
     kb = KernelBuilder()
     pairs = [((2, 3, 13, 17), (2, 3, 17, 19)), ((37, 129), (129, 65)), ((20, 300), (300, 70)),
              ((1, 5), (5, 1)), ((8, 600), (600, 300)), ((40, 70), (70, 64)),
-             ((64, 33), (33, 128)), ((128, 24), (24, 1024)), ((128, 9), (9, 512)),
-             ((200, 40), (40, 300)), ((130, 20), (20, 1100))]  # fmt: skip
+             ((64, 33), (33, 128)), ((128, 24), (24, 2048)), ((128, 16), (16, 1024)),
+             ((128, 9), (9, 512)), ((200, 40), (40, 300)), ((130, 20), (20, 1100))]  # fmt: skip
     for sa, sb in pairs:
         kb.output(kb.matmul(kb.input(T(*sa, dtype=dtype)), kb.input(T(*sb, dtype=dtype))))
     g = kb.build()
