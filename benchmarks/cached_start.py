@@ -1,6 +1,6 @@
 """What a second process start costs: the six programs planned from the persistent cache.
 
-For every program of ``mirage_jax.suite.programs(bs)``, two fresh processes share one empty
+For every program of ``programs.programs(bs)`` (``benchmarks/programs.py``), two fresh processes share one empty
 cache directory: the first plans the program with the default strategy (search, compile,
 verify, time against XLA), the second plans it again. The table gives, per process, where
 the decision came from, how many kernels were compiled, and the planning time (tracing,
@@ -28,12 +28,12 @@ CHILD = textwrap.dedent(
     import json, sys, time
     import jax, numpy as np
     import mirage_jax as mj
-    from mirage_jax import suite
-    from mirage_jax.codegen.build import build_stats
+    import programs
+    from mirage_jax.backend.cpu.build import build_stats
 
     name, bs = sys.argv[1], int(sys.argv[2])
-    program = {p.name: p for p in suite.programs(bs)}[name]
-    args = program.call_args([jax.device_put(x) for x in suite.make_inputs(program, seed=1)])
+    program = {p.name: p for p in programs.programs(bs)}[name]
+    args = program.call_args([jax.device_put(x) for x in programs.make_inputs(program, seed=1)])
     start = time.perf_counter()
     fast = mj.optimize(program.fn)
     plan = fast.plan(*args)
@@ -63,17 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bs", type=int, default=1)
     parser.add_argument("--programs", nargs="*")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from mirage_jax import suite
+    sys.path.insert(0, str(ROOT))  # the source tree, not an older installed copy
+    import programs
 
-    names = args.programs or [p.name for p in suite.programs(args.bs)]
+    names = args.programs or [p.name for p in programs.programs(args.bs)]
     print(f"{'program':16} {'bs':>2} | {'1st: source':>12} {'compiles':>8} {'plan s':>7} | "
           f"{'2nd: source':>12} {'compiles':>8} {'plan s':>7} | {'rel err':>8}")  # fmt: skip
     worst = 0.0
     for name in names:
         with tempfile.TemporaryDirectory() as cache_dir:
             env = {**os.environ, "MIRAGE_JAX_CACHE_DIR": cache_dir,
-                   "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+                   "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"),
+                                                  os.environ.get("PYTHONPATH", "")])}
             first, second = run(name, args.bs, env), run(name, args.bs, env)
         worst = max(worst, second["plan_s"])
         print(f"{name:16} {args.bs:>2} | {','.join(first['sources']):>12} {first['compiles']:>8} "

@@ -1,19 +1,19 @@
 """Check and time the six suite programs on an NVIDIA GPU with the CUDA backend vs jax.jit.
 
-For every program of ``mirage_jax.suite.programs(bs)`` (bs = 1 and 8 by default):
+For every program of ``programs.programs(bs)`` (``benchmarks/programs.py``) (bs = 1 and 8 by default):
 
 - ``regions``: the program traced and cut into regions (``mirage_jax.frontend.trace``); every
   region's kernel graph compiled as is with the CUDA backend (kernel-level ops as simple
   kernels) and run through ``TracedProgram.run`` inside ``jax.jit``;
 - ``fused``: for rmsnorm_linear, gated_mlp and gqa_decode, Mirage's hand-built fused μGraphs
   (``tests/graphs.py``) over a few grid / for-loop choices; infeasible ones are rejected by
-  the GPU cost model (``mirage_jax.search.gpu_cost``), the best three by its estimate are
+  the GPU cost model (``mirage_jax.backend.cuda.cost``), the best three by its estimate are
   built and timed;
-- ``search`` (with ``--search``, when ``mirage_jax.search.superoptimize`` exists): the
-  superoptimizer's μGraph of each region.
+- ``search`` (with ``--search``): the superoptimizer's μGraph of each region, ranked by the
+  CUDA backend's cost model.
 
-Every candidate is compared with ``jax.jit`` of the program on the same inputs (tolerance as
-in ``mirage_jax.lowering``) and timed against it in the same process. All nvcc builds run
+Every candidate is compared with ``jax.jit`` of the program on the same inputs (tolerance from
+``mirage_jax.interpret.numerics``) and timed against it in the same process. All nvcc builds run
 concurrently up front. Prints one table; exits 1 if any candidate ran but gave a wrong
 answer, 2 if there is no GPU. ``benchmarks/gpu_check.sh`` is the entry point.
 """
@@ -38,15 +38,17 @@ sys.path.insert(0, str(ROOT))  # the source tree, not an older installed copy
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mirage_jax import suite  # noqa: E402
-from mirage_jax.codegen.cuda import emit_cuda  # noqa: E402
-from mirage_jax.codegen.cuda_build import build_cuda  # noqa: E402
+import programs  # noqa: E402
+from mirage_jax.backend.cuda.emit import emit_cuda  # noqa: E402
+from mirage_jax.backend.cuda.build import build_cuda  # noqa: E402
 from mirage_jax.errors import MirageError  # noqa: E402
 from mirage_jax.frontend import trace  # noqa: E402
 from mirage_jax.ir import KernelGraph  # noqa: E402
-from mirage_jax.lowering import TOLERANCE  # noqa: E402
+from mirage_jax.interpret.numerics import FLOAT_TOLERANCE as TOLERANCE  # noqa: E402
 from mirage_jax.runtime import cuda as rt  # noqa: E402
-from mirage_jax.search import gpu_cost  # noqa: E402
+from mirage_jax.backend.cuda import cost as gpu_cost  # noqa: E402
+from mirage_jax.backend.cuda.backend import CudaBackend  # noqa: E402
+from mirage_jax.planner.search import superoptimize  # noqa: E402
 from mirage_jax.timing import compare  # noqa: E402
 
 
@@ -104,7 +106,7 @@ def _fused_graphs(name: str, shapes: tuple[tuple[int, ...], ...]) -> list[tuple[
     return out
 
 
-def candidates_for(program: suite.Program, bs: int, inputs: list[Any], search: bool,
+def candidates_for(program: programs.Program, bs: int, inputs: list[Any], search: bool,
                    top: int) -> list[Candidate]:  # fmt: skip
     cands: list[Candidate] = []
     traced = trace(program.fn, *program.call_args(inputs))
@@ -130,16 +132,11 @@ def candidates_for(program: suite.Program, bs: int, inputs: list[Any], search: b
     return cands + fused[:top]
 
 
-def _search_candidates(program: suite.Program, bs: int, traced: Any) -> list[Candidate]:
-    try:
-        from mirage_jax.search import superoptimize
-    except ImportError:
-        print("  --search: mirage_jax.search.superoptimize is not available")
-        return []
+def _search_candidates(program: programs.Program, bs: int, traced: Any) -> list[Candidate]:
     graphs = []
     for r in traced.regions:
         try:
-            graphs.append(superoptimize(r.graph).best)
+            graphs.append(superoptimize(r.graph, backend=CudaBackend()).best)
         except MirageError as err:
             print(f"  {program.name} region {r.index}: search failed: {err.cause}")
             graphs.append(r.graph)
@@ -159,7 +156,7 @@ def build_all(cands: list[Candidate], arch: str, jobs: int, kind: str = "shared"
     work = {}
     for c in cands:
         for g in c.graphs:
-            symbol = "mjc_" + g.fingerprint()[:24]  # as compile_graph_cuda names it
+            symbol = CudaBackend.symbol_prefix + g.fingerprint()[:24]  # as the backend names it
             work.setdefault(symbol, (emit_cuda(g, symbol), symbol))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -190,7 +187,7 @@ def max_error(got: Any, want: Any) -> tuple[float, float]:
 def run_candidate(c: Candidate, xla: Callable[..., Any], args: tuple[Any, ...],
                   want: Any, arch: str) -> None:  # fmt: skip
     try:
-        impls = [rt.compile_graph_cuda(g, arch=arch) for g in c.graphs]
+        impls = [CudaBackend(arch=arch).compile(g) for g in c.graphs]
         fn = jax.jit(c.make(impls))
         got = jax.block_until_ready(fn(*args))
     except Exception as err:  # noqa: BLE001 - report and continue with the next candidate
@@ -248,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {dev.device_kind}, arch {arch}, jax {jax.__version__}")
     cands, inputs = [], {}
     for bs in args.bs:
-        for p in suite.programs(bs):
+        for p in programs.programs(bs):
             if args.programs and p.name not in args.programs:
                 continue
-            xs = [jax.device_put(x, dev) for x in suite.make_inputs(p, seed=bs)]
+            xs = [jax.device_put(x, dev) for x in programs.make_inputs(p, seed=bs)]
             inputs[(p.name, bs)] = (p, xs)
             cands += candidates_for(p, bs, xs, args.search, args.top)
     build_all(cands, arch, args.jobs)
@@ -274,9 +271,9 @@ def dry_run(args: argparse.Namespace) -> int:
     """Everything that needs no GPU: candidates, cost-model estimates, nvcc kernel builds."""
     cands = []
     for bs in args.bs:
-        for p in suite.programs(bs):
+        for p in programs.programs(bs):
             if not args.programs or p.name in args.programs:
-                xs = suite.make_inputs(p, seed=bs)
+                xs = programs.make_inputs(p, seed=bs)
                 cands += candidates_for(p, bs, xs, args.search, args.top)
     build_all(cands, "sm_90a", args.jobs, kind="cubin")
     for c in cands:

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import mirage_jax as mj
-from mirage_jax import suite
-from mirage_jax.codegen.build import build_stats, reset_build_stats
+import programs
+from mirage_jax.backend.cpu.build import build_stats, reset_build_stats
 from mirage_jax.ir import Op
 from mirage_jax.timing import compare, median_seconds
 
@@ -84,7 +84,7 @@ class Ceilings:
         return self.x.nbytes / min(reads), 2 * 2048**3 / product
 
 
-def program_cost(program: suite.Program, args: list) -> tuple[float, float]:
+def program_cost(program: programs.Program, args: list) -> tuple[float, float]:
     """Minimal bytes (inputs once, outputs once) and flops of the traced program."""
     traced = mj.trace(program.fn, *args)
     nbytes = sum(a.nbytes for a in args)
@@ -150,9 +150,9 @@ def timed_with_probes(fast: Callable[..., Any], xla: Callable[..., Any], args: t
     return t_mj, t_xla, probe_s
 
 
-def bench_case(program: suite.Program, bs: int, args_ns: argparse.Namespace,
+def bench_case(program: programs.Program, bs: int, args_ns: argparse.Namespace,
                ceilings: Ceilings) -> dict:  # fmt: skip
-    inputs = [jax.device_put(x) for x in suite.make_inputs(program, seed=0)]
+    inputs = [jax.device_put(x) for x in programs.make_inputs(program, seed=0)]
     args = program.call_args(inputs)
     nbytes, flops = program_cost(program, args)
 
@@ -287,7 +287,7 @@ def main() -> None:
           "is measured again around its timing)\n")  # fmt: skip
     rows = []
     for bs in ns.bs:
-        for program in suite.programs(bs):
+        for program in programs.programs(bs):
             if ns.programs and program.name not in ns.programs:
                 continue
             rows.append(bench_case(program, bs, ns, ceilings))

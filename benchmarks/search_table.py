@@ -1,6 +1,6 @@
 """The superoptimizer on Mirage's six benchmark programs: one table row per (program, bs).
 
-For every program of ``mirage_jax.suite.programs(bs)``: trace it, superoptimize its region
+For every program of ``programs.programs(bs)``: trace it, superoptimize its region
 cold (a fresh process pool, empty caches except the compiler's disk cache) with the default
 ``SearchConfig`` (time budget 60 s, 2 workers), and print what the search did: states
 enumerated, pruned (by abstract expressions, by the index analysis, as duplicates or dead
@@ -11,7 +11,7 @@ column is the Spearman rank correlation between the cost model's estimates and t
 measurements (how well the model orders what it is asked to order), and "pick/best" the
 measured time of the model's first choice over the fastest one's. "mirage form" says
 whether a verified candidate is the single graph-defined kernel Mirage finds for the program
-(``suite.MIRAGE_FORMS``), whether or not it ranks best.
+(``programs.MIRAGE_FORMS``), whether or not it ranks best.
 
     python benchmarks/search_table.py                 # bs 1 and 8, all six programs
     python benchmarks/search_table.py --bs 1 --programs gqa_decode,lora --no-time
@@ -40,11 +40,11 @@ def _baseline(program, index: int, target):
     """jax.jit of the region, timed on the inputs the candidates are timed on."""
     import jax
 
-    from mirage_jax.search.equivalence import realistic_inputs
+    from mirage_jax.interpret.numerics import sample_inputs
     from mirage_jax.timing import median_seconds
 
     fn = jax.jit(program.region_callable(index))
-    args = realistic_inputs(target.input_types)
+    args = sample_inputs(target.input_types)
     return lambda: median_seconds(fn, args, budget_s=0.3)
 
 
@@ -89,7 +89,7 @@ def parse_rerank(text: str) -> tuple[str, tuple[float, ...]]:
     values of its type."""
     import dataclasses
 
-    from mirage_jax.search.cost import DEFAULT_MODEL
+    from mirage_jax.backend.cpu.cost import DEFAULT_MODEL
 
     field, _, values = text.partition("=")
     fields = dataclasses.fields(DEFAULT_MODEL)
@@ -110,8 +110,8 @@ def rerank(result, field: str, values: tuple[float, ...]) -> dict[float, tuple]:
     timed candidates (None where fewer than two were timed)."""
     import dataclasses
 
-    from mirage_jax.search.calibrate import host_model
-    from mirage_jax.search.cost import estimate
+    from mirage_jax.backend.cpu.calibrate import host_model
+    from mirage_jax.backend.cpu.cost import estimate
 
     timed = [c for c in result.verified if c.measured_s is not None]
     out = {}
@@ -137,10 +137,10 @@ def _rerank_summary(field: str, per_search: list[dict[float, tuple]]) -> None:
 
 def _row(name: str, bs: int, result, wall: float) -> list[str]:
     r = result.report
-    from mirage_jax import suite
+    import programs
 
     # a verified μGraph of the form Mirage finds (one graph-defined kernel), best or not
-    single = any(suite.has_mirage_form(name, c.graph) for c in result.verified)
+    single = any(programs.has_mirage_form(name, c.graph) for c in result.verified)
     pruned = r.pruned_abstract + r.pruned_index + r.pruned_duplicate + r.pruned_dead
     pruned += r.pruned_numeric
     summary = r.best_summary or "(target kept)"
@@ -188,10 +188,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also rank the timed candidates with a CpuModel field at each value")
     args = parser.parse_args(argv)
 
-    from mirage_jax import suite
-    from mirage_jax.config import SearchConfig
+    import programs
+    from mirage_jax.search.config import SearchConfig
     from mirage_jax.frontend import trace
-    from mirage_jax.search import superoptimize
+    from mirage_jax import superoptimize
 
     wanted = {p for p in args.programs.split(",") if p}
     config = SearchConfig(time_budget_s=args.time_budget, workers=args.workers,
@@ -200,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                           top_k_timed=args.top_k)  # fmt: skip
     rows, reranked = [], []
     for bs in args.bs:
-        for program in suite.programs(bs):
+        for program in programs.programs(bs):
             if wanted and program.name not in wanted:
                 continue
-            traced = trace(program.fn, *program.call_args(suite.make_inputs(program)))
+            traced = trace(program.fn, *program.call_args(programs.make_inputs(program)))
             for region in traced.regions:
                 baseline = None if args.no_time else _baseline(traced, region.index, region.graph)
                 start = time.time()

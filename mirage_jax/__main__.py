@@ -1,6 +1,6 @@
 """Command line: ``python -m mirage_jax {precompile,show,bench}``.
 
-    python -m mirage_jax show mirage_jax.suite:rmsnorm_linear --shapes "f32[2,4096] f32[4096] f32[4096,6144]"
+    python -m mirage_jax show mymodel:rmsnorm_linear --shapes "f32[2,4096] f32[4096] f32[4096,6144]"
     python -m mirage_jax precompile MODULE:FUNCTION --shapes "..." -o mylib
     python -m mirage_jax bench [--bs 1 8] [--json out.json]
 """
@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from mirage_jax.api import optimize, precompile
 from mirage_jax.errors import MirageError
 from mirage_jax.ir import DType
+from mirage_jax.ir.dot import to_dot, to_svg
 
 _SHAPE = re.compile(r"(f16|bf16|f32|f64)\[([\d,\s]*)\]")
 
@@ -50,10 +52,8 @@ def example_args(shapes: list[tuple[tuple[int, ...], DType]], seed: int = 0) -> 
 
 
 def _show(args: argparse.Namespace) -> None:
-    from mirage_jax.api import optimize
-    from mirage_jax.ir.dot import to_dot, to_svg
-
-    plan = optimize(load_function(args.function), strategy=args.strategy).plan(*example_args(parse_shapes(args.shapes)))
+    fn = optimize(load_function(args.function), strategy=args.strategy)
+    plan = fn.plan(*example_args(parse_shapes(args.shapes)))
     print(plan.report())
     for region in plan.regions:
         graph = region.graph or region.target
@@ -71,8 +71,6 @@ def _show(args: argparse.Namespace) -> None:
 
 
 def _precompile(args: argparse.Namespace) -> None:
-    from mirage_jax.library import precompile
-
     fn = load_function(args.function)
     out = precompile(fn, example_args(parse_shapes(args.shapes)), args.output,
                      strategy=args.strategy)

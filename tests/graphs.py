@@ -229,3 +229,27 @@ def flash_decoding_split(
     out = kb.apply(Op.DIV, num, den)
     kb.output(kb.apply(Op.RESHAPE, out, shape=(b, m, d)))
     return kb.build()
+
+
+def aliasing_graph() -> tuple[KernelGraph, set[int]]:
+    """Outputs that alias an input, another output or a reshape, planned by the storage plan
+    both backends share (``mirage_jax.backend.emit``); also which outputs must be copied.
+    test_codegen_cpu.py and test_codegen_cuda.py check it on each backend."""
+    kb = KernelBuilder()
+    x = kb.input(T(4, 6))
+    e = kb.apply(Op.EXP, x)
+    flat = kb.apply(Op.RESHAPE, e, shape=(24,))
+    kb.output(kb.apply(Op.RESHAPE, flat, shape=(6, 4)))  # 0: exp writes output 0 in place
+    kb.output(e)  # 1: its root already fills output 0: copied
+    kb.output(x)  # 2: an input: copied
+    kb.output(kb.apply(Op.RESHAPE, x, shape=(2, 12)))  # 3: a reshaped input: copied
+    t = kb.apply(Op.TANH, x)
+    kb.output(t)  # 4: in place
+    kb.output(t)  # 5: the same value again: copied
+    kb.output(kb.apply(Op.MUL, t, t))  # 6: reads t back from output 4
+    bb = BlockBuilder((2, 1, 1), 1, (T(4, 6),))
+    bb.output_saver(bb.apply(Op.NEG, bb.input_iter(0, (0, NONE_DIM, NONE_DIM))), (0, NONE_DIM, NONE_DIM))
+    (b,) = kb.graph_def(bb.build(), x)
+    kb.output(kb.apply(Op.RESHAPE, b, shape=(24,)))  # 7: the block writes output 7 in place
+    kb.output(b)  # 8: copied
+    return kb.build(), {1, 2, 3, 5, 8}

@@ -13,17 +13,18 @@
 from __future__ import annotations
 
 import pickle
-import sys
 import time
 import zlib
 from fractions import Fraction
-from pathlib import Path
 
+import graphs as G  # noqa: E402
 import jax
 import numpy as np
+import programs
 import pytest
+from graphs import N as NO  # noqa: E402
+from graphs import T  # noqa: E402
 
-from mirage_jax import suite
 from mirage_jax.errors import SearchError
 from mirage_jax.frontend import trace
 from mirage_jax.interpret.finite_field import DEFAULT_FIELD, FFTensor, FieldSystem
@@ -41,11 +42,6 @@ from mirage_jax.search.abstract import (
     output_terms,
 )
 from mirage_jax.search.axioms import AXIOMS, SCHEDULE, Axiom, N, Pat, V, mul, sum_
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: make tests/graphs.py importable
-import graphs as G  # noqa: E402
-from graphs import N as NO  # noqa: E402
-from graphs import T  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # 1. axioms preserve meaning
@@ -308,7 +304,7 @@ def test_lowering_of_elementwise_forms() -> None:
 
 def _traced(bs: int = 1) -> list[tuple[str, object]]:
     out = []
-    for p in suite.programs(bs):
+    for p in programs.programs(bs):
         args = [jax.ShapeDtypeStruct(a.shape, "float32") for a in p.args]
         tp = trace(p.fn, *p.call_args(args))
         assert len(tp.regions) == 1, p.name

@@ -7,11 +7,13 @@ import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
+import programs
 import pytest
 
 import mirage_jax as mj
-from mirage_jax import lowering, suite
+from mirage_jax.backend.cpu.backend import CpuBackend
 from mirage_jax.errors import CompileError, MirageError
+from mirage_jax.planner import region as planner
 
 
 @pytest.fixture(autouse=True)
@@ -25,15 +27,15 @@ def _close(got, want, rtol=2e-4):
         assert np.max(np.abs(g - w)) <= rtol * max(1.0, np.max(np.abs(w)))
 
 
-@pytest.mark.parametrize("program", suite.programs(1), ids=lambda p: p.name)
+@pytest.mark.parametrize("program", programs.programs(1), ids=lambda p: p.name)
 def test_six_benchmarks_match_jit_as_custom_calls(program):
-    args = program.call_args([jax.device_put(x) for x in suite.make_inputs(program, seed=11)])
+    args = program.call_args([jax.device_put(x) for x in programs.make_inputs(program, seed=11)])
     fast = mj.optimize(program.fn, strategy="as_is", require_speedup=False)
     _close(fast(*args), jax.jit(program.fn)(*args))
     plan = fast.plan(*args)
     assert [p.impl is not None for p in plan.regions] == [True]
     assert "mirage custom call" in fast.explain(*args)
-    fresh = program.call_args([jax.device_put(x) for x in suite.make_inputs(program, seed=12)])
+    fresh = program.call_args([jax.device_put(x) for x in programs.make_inputs(program, seed=12)])
     _close(fast(*fresh), jax.jit(program.fn)(*fresh))
 
 
@@ -73,7 +75,7 @@ def test_pytrees_static_args_and_no_retrace():
 
 
 def test_calls_with_a_seen_signature_skip_planning_and_new_ones_plan(monkeypatch):
-    from mirage_jax import api
+    from mirage_jax.api import optimized as api
 
     fast = mj.optimize(lambda x, s: jnp.tanh(x) * s, strategy="as_is", require_speedup=False,
                        static_argnums=1)  # fmt: skip
@@ -92,10 +94,10 @@ def test_calls_with_a_seen_signature_skip_planning_and_new_ones_plan(monkeypatch
 
 
 def test_failed_build_falls_back_to_xla_with_the_reason(monkeypatch, caplog):
-    def broken(graph):
+    def broken(self, graph):
         raise CompileError("g++ exploded", remedy="none")
 
-    monkeypatch.setattr(lowering, "compile_graph", broken)
+    monkeypatch.setattr(CpuBackend, "compile", broken)
     f = mj.optimize(lambda x: jnp.exp(x) * 3.0, strategy="as_is", cache=False)
     x = np.ones((4, 4), np.float32)
     with caplog.at_level(logging.WARNING, logger="mirage_jax"):
@@ -105,13 +107,13 @@ def test_failed_build_falls_back_to_xla_with_the_reason(monkeypatch, caplog):
 
 
 def test_wrong_compiled_code_is_caught_and_never_used(monkeypatch):
-    real = lowering.compile_graph
+    real = CpuBackend.compile
 
-    def off_by_one(graph):
-        call = real(graph)
+    def off_by_one(self, graph):
+        call = real(self, graph)
         return lambda *args: tuple(o + 1.0 for o in call(*args))
 
-    monkeypatch.setattr(lowering, "compile_graph", off_by_one)
+    monkeypatch.setattr(CpuBackend, "compile", off_by_one)
     f = mj.optimize(lambda x: jnp.exp(x) * 3.0, strategy="as_is", require_speedup=False,
                     cache=False)  # fmt: skip
     x = np.zeros((4, 4), np.float32)
@@ -120,7 +122,7 @@ def test_wrong_compiled_code_is_caught_and_never_used(monkeypatch):
 
 
 def test_slower_region_stays_with_xla_and_explain_says_so(monkeypatch):
-    monkeypatch.setattr(lowering, "compare", lambda cand, base, args: (2e-3, 1e-3))
+    monkeypatch.setattr(planner, "compare", lambda cand, base, args: (2e-3, 1e-3))
     f = mj.optimize(lambda x: jnp.exp(x) + 1.0, strategy="as_is", cache=False)
     x = np.ones((8, 8), np.float32)
     _close(f(x), np.exp(x) + 1.0)
@@ -134,7 +136,7 @@ def test_a_close_win_is_measured_again_and_kept_only_if_it_holds(monkeypatch):
     for times, kept in ((((1.0, 1.08), (1.0, 1.02)), False), (((1.0, 1.08), (1.0, 1.10)), True),
                         (((1.0, 1.5),), True), (((1.0, 0.9),), False)):  # fmt: skip
         calls = iter(times)
-        monkeypatch.setattr(lowering, "compare", lambda cand, base, args: next(calls))
+        monkeypatch.setattr(planner, "compare", lambda cand, base, args: next(calls))
         f = mj.optimize(lambda x: jnp.exp(x) + 1.0, strategy="as_is", cache=False)
         region = f.plan(x).regions[0]
         assert next(calls, None) is None, f"{times}: not every comparison ran"
@@ -145,7 +147,7 @@ def test_a_close_win_is_measured_again_and_kept_only_if_it_holds(monkeypatch):
 
 
 def test_a_plan_that_replaces_nothing_calls_jax_jit_of_the_function(monkeypatch):
-    monkeypatch.setattr(lowering, "compare", lambda cand, base, args: (2e-3, 1e-3))
+    monkeypatch.setattr(planner, "compare", lambda cand, base, args: (2e-3, 1e-3))
 
     def user_fn(x, scale):
         return jnp.exp(x) * scale

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from racing import race
 
 import mirage_jax
-from mirage_jax.codegen import build, isa
-from mirage_jax.codegen.build import CompiledLibrary, compile_shared_library
+from mirage_jax.backend.cpu import build, isa
+from mirage_jax.backend.cpu.build import CompiledLibrary, compile_shared_library
 from mirage_jax.errors import CompileError
 
 # A plain kernel with the runtime ABI and no XLA headers: what a generated kernel looks like.
@@ -164,7 +165,7 @@ def test_plain_kernel_compiles_quickly() -> None:
 _RACE_SCRIPT = textwrap.dedent("""
     import dataclasses, json, sys, time
     from pathlib import Path
-    from mirage_jax.codegen import build
+    from mirage_jax.backend.cpu import build
     ready, go, source = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]).read_text()
     build.compiler_identity(build._compiler_argv())  # warm up so both race on the compile
     ready.touch()
@@ -180,36 +181,8 @@ def test_two_processes_building_one_key_compile_once(tmp_path: Path, cache_dir: 
     # A slower translation unit widens the window in which both processes want the same key.
     source = _unique("#include <vector>\n#include <map>\n#include <string>\n" + KERNEL, "race")
     (tmp_path / "k.cpp").write_text(source)
-    env = dict(os.environ)
-    # The children import the same mirage_jax as this process (source tree or installed).
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(mirage_jax.__file__).parents[1]), env.get("PYTHONPATH", "")]
-    )
-    go = tmp_path / "go"
-    procs = []
-    for i in range(2):
-        args = [str(tmp_path / f"ready{i}"), str(go), str(tmp_path / "k.cpp")]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", _RACE_SCRIPT, *args],
-                env=env,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    deadline = time.monotonic() + 120
-    while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
-        assert time.monotonic() < deadline, "children did not start"
-        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
-        time.sleep(0.01)
-    go.touch()
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = race(_RACE_SCRIPT, lambda ready, go: [str(ready), str(go), str(tmp_path / "k.cpp")],
+                   tmp_path)  # fmt: skip
     assert results[0]["path"] == results[1]["path"] and results[0]["key"] == results[1]["key"]
     assert sum(r["compiles"] for r in results) == 1
     assert sum(r["cache_hits"] for r in results) == 1
@@ -261,8 +234,8 @@ def test_isa_override_caps_and_validates(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_import_needs_no_compiler_and_no_native_module(tmp_path: Path) -> None:
     code = (
-        "import sys, mirage_jax, mirage_jax.runtime, mirage_jax.codegen.build, "
-        "mirage_jax.codegen.isa\n"
+        "import sys, mirage_jax, mirage_jax.runtime, mirage_jax.backend.cpu.build, "
+        "mirage_jax.backend.cpu.isa\n"
         "assert 'mirage_jax._C' not in sys.modules, 'imported _C eagerly'\n"
     )
     env = dict(os.environ, CXX=str(tmp_path / "no-compiler"), PATH="/nonexistent")

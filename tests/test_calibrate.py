@@ -6,17 +6,13 @@ import dataclasses
 import json
 import logging
 import os
-import sys
-from pathlib import Path
 
+import graphs as G  # noqa: E402
 import pytest
 
+from mirage_jax.backend.cpu import calibrate
+from mirage_jax.backend.cpu import cost as cost_model
 from mirage_jax.errors import CompileError
-from mirage_jax.search import calibrate
-from mirage_jax.search import cost as cost_model
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: make tests/graphs.py importable
-import graphs as G  # noqa: E402
 
 
 @pytest.fixture

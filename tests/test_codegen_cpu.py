@@ -9,17 +9,17 @@ function. Ops are grouped into one kernel graph per test to keep the compile cou
 
 from __future__ import annotations
 
-import importlib.util
+import re
 import shutil
 import subprocess
-from pathlib import Path
 
+import graphs as G
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mirage_jax.codegen.cpu import TABLE, emit_cpu, splits_loop
+from mirage_jax.backend.cpu.emit import TABLE, emit_cpu, splits_loop
 from mirage_jax.errors import CompileError
 from mirage_jax.interpret import evaluate
 from mirage_jax.ir import (
@@ -42,16 +42,6 @@ from mirage_jax.ir.fuse import fuse_elementwise
 N = -1  # "not mapped" in imap / omap / fdim
 
 
-def _load_graphs():
-    spec = importlib.util.spec_from_file_location(
-        "mj_test_graphs", Path(__file__).with_name("graphs.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-G = _load_graphs()
 
 
 def T(*shape: int, dtype: DType = F32) -> TensorType:
@@ -64,7 +54,7 @@ def T(*shape: int, dtype: DType = F32) -> TensorType:
 def run_cpu(graph: KernelGraph, inputs: list[np.ndarray], flags: tuple[str, ...] = ()
             ) -> list[np.ndarray]:  # fmt: skip
     """Emit, compile (build.py), register (runtime) and call ``graph`` inside jax.jit."""
-    from mirage_jax.codegen.build import compile_shared_library
+    from mirage_jax.backend.cpu.build import compile_shared_library
     from mirage_jax.runtime import kernel_call, load_kernel
 
     symbol = "mj_test_" + graph.fingerprint()[:20]
@@ -212,6 +202,14 @@ def test_layout_ops(rng: np.random.Generator) -> None:
     g = kb.build()
     with _x64(F64):  # float32 tolerance: the float64 outputs come from float32 values
         check(g, [rand(rng, t) for t in g.input_types], tol=TOL[F32])
+
+
+def test_aliased_outputs_are_written_in_place_or_copied(rng: np.random.Generator) -> None:
+    g, copied = G.aliasing_graph()
+    source = emit_cpu(g, "k")
+    assert {int(k) for k in re.findall(r"mj::k::copy\(pool, o(\d+),", source)} == copied
+    assert "v1(outputs[0])" in source  # exp's result is the view of output 0
+    check(g, [rand(rng, t) for t in g.input_types])
 
 
 @pytest.mark.parametrize("dtype", [F32, F64])
@@ -428,7 +426,7 @@ def test_block_matmul_reads_tiles_in_place(m: int, rng: np.random.Generator) -> 
 
 
 def _prefetches(graph: KernelGraph, flags: tuple[str, ...]) -> int:
-    from mirage_jax.codegen.build import compile_shared_library
+    from mirage_jax.backend.cpu.build import compile_shared_library
 
     lib = compile_shared_library(emit_cpu(graph, "k"), extra_flags=flags)
     objdump = shutil.which("objdump")

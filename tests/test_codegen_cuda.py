@@ -18,19 +18,21 @@ Builds run concurrently in one module fixture and are cached by content, so a re
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import itertools
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import graphs as G
 import numpy as np
 import pytest
 
-from mirage_jax.codegen.backend import backend_for
-from mirage_jax.codegen.cuda import TABLE, emit_cuda, plan_block
-from mirage_jax.codegen.cuda_build import build_cuda, find_nvcc
-from mirage_jax.errors import CompileError, MirageError, RuntimeLoadError
+from mirage_jax.backend.cuda import cost as gpu_cost
+from mirage_jax.backend.cuda.backend import CudaBackend
+from mirage_jax.backend.cuda.build import build_cuda, find_nvcc
+from mirage_jax.backend.cuda.emit import TABLE, emit_cuda, plan_block
+from mirage_jax.backend.cuda.emulate import emulate
+from mirage_jax.errors import CompileError, RuntimeLoadError
 from mirage_jax.interpret import evaluate
 from mirage_jax.ir import (
     BF16,
@@ -47,7 +49,6 @@ from mirage_jax.ir import (
     copy_into,
 )
 from mirage_jax.runtime import cuda as rt
-from mirage_jax.search import gpu_cost
 
 N = -1  # "not mapped" in imap / omap / fdim
 NVCC = find_nvcc()
@@ -57,16 +58,6 @@ needs_nvcc = pytest.mark.skipif(
 needs_gpu = pytest.mark.skipif(not rt.gpu_available(), reason="no CUDA GPU backend in jax")
 
 
-def _load_graphs():
-    spec = importlib.util.spec_from_file_location(
-        "mj_test_graphs_cuda", Path(__file__).with_name("graphs.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-G = _load_graphs()
 
 
 def T(*shape: int, dtype: DType = F32) -> TensorType:
@@ -424,10 +415,20 @@ def test_emulation_catches_a_broken_kernel(rng) -> None:
     """The harness can fail: a wrong μGraph variant (matmul accumulated with max) differs."""
     bad = G.rmsnorm_linear_fused(8, 256, 128, grid=(2, 2), loop=4, variant="acc_max")
     xs = inputs_for(bad, rng)
-    got = rt.emulate(bad, xs)
+    got = emulate(bad, xs)
     ref = evaluate(G.rmsnorm_linear_fused(8, 256, 128, grid=(2, 2), loop=4), xs,
                    precision="float64")  # fmt: skip
     assert np.max(np.abs(got[0] - ref[0])) > 1e-2 * np.max(np.abs(ref[0]))
+
+
+@needs_nvcc
+def test_aliased_outputs_are_written_in_place_or_copied(rng) -> None:
+    g, copied = G.aliasing_graph()
+    source = emit_cuda(g, "k")
+    assert {int(k) for k in re.findall(r"MJ_MEMCPY\(outputs\[(\d+)\]", source)} == copied
+    assert "t1 = reinterpret_cast<float*>(outputs[0]);" in source  # exp writes output 0
+    xs = inputs_for(g, rng)
+    check(emulate(g, xs), g, xs, "aliasing")
 
 
 @needs_nvcc
@@ -616,31 +617,7 @@ def test_cost_model_counts_kernel_level_launches() -> None:
     assert cost.time_s > 2 * 4096 * 4096 * 4 / gpu_cost.H200.hbm_bytes_per_s
 
 
-# ------------------------------------------------------------------------ backend choice
-
-
-class _FakeDevice:
-    def __init__(self, platform: str, version: str = "cuda 12.8") -> None:
-        self.platform, self.id = platform, 0
-        self.client = type("Client", (), {"platform_version": version})()
-
-
-def test_backend_for_host_arrays_and_devices() -> None:
-    import jax
-
-    assert backend_for([np.zeros(3), jax.numpy.ones(2)]) == "cpu"
-    assert backend_for(jax.devices("cpu")[0]) == "cpu"
-    assert backend_for(jax.device_put(np.ones(2), jax.devices("cpu")[0])) == "cpu"
-
-
-def test_backend_for_gpus_and_unsupported_platforms() -> None:
-    assert backend_for([_FakeDevice("gpu"), _FakeDevice("gpu")]) == "cuda"
-    with pytest.raises(MirageError, match="different platforms"):
-        backend_for([_FakeDevice("gpu"), _FakeDevice("cpu")])
-    with pytest.raises(MirageError, match="rocm"):
-        backend_for(_FakeDevice("gpu", "rocm 6.0"))
-    with pytest.raises(MirageError, match="tpu"):
-        backend_for(_FakeDevice("tpu"))
+# ------------------------------------------------------------------------ registration
 
 
 def test_registering_without_a_gpu_is_refused(tmp_path: Path) -> None:
@@ -663,7 +640,7 @@ def test_fused_graphs_on_the_gpu(name: str, rng) -> None:
 
     g = fused_graphs()[name]
     xs = inputs_for(g, rng, scale=0.5)
-    call = jax.jit(rt.compile_graph_cuda(g))
+    call = jax.jit(CudaBackend().compile(g))
     got = [np.asarray(y) for y in call(*[jax.device_put(x, jax.devices("gpu")[0]) for x in xs])]
     check(got, g, xs, name)
 
@@ -678,5 +655,5 @@ def test_op_coverage_on_the_gpu(rng) -> None:
         g = all_graphs()[name]
         xs = _positive(inputs_for(g, rng), [1]) if name in ("kernel_ops", "block_ops") else \
             inputs_for(g, rng, 0.5)  # fmt: skip
-        got = [np.asarray(y) for y in jax.jit(rt.compile_graph_cuda(g))(*xs)]
+        got = [np.asarray(y) for y in jax.jit(CudaBackend().compile(g))(*xs)]
         check(got, g, xs, name)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import graphs as G
 import numpy as np
 import pytest
 
@@ -34,9 +35,6 @@ from mirage_jax.ir import (
     parse,
     to_text,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: make tests/graphs.py importable
-import graphs as G
 
 F = DEFAULT_FIELD
 N = -1

@@ -12,10 +12,10 @@ import inspect
 import jax
 import jax.numpy as jnp
 import numpy as np
+import programs
 import pytest
 from jax.extend.core import check_jaxpr
 
-from mirage_jax import suite
 from mirage_jax.errors import TraceError
 from mirage_jax.frontend import Cut, Region, TracedProgram, trace
 from mirage_jax.interpret import evaluate
@@ -106,7 +106,7 @@ MATMULS = {"rmsnorm_linear": 1, "gated_mlp": 2, "lora": 3, "gqa_decode": 2, "qkn
 @pytest.mark.parametrize("bs", [1, 8])
 @pytest.mark.parametrize("name", list(MATMULS))
 def test_suite_program_is_one_region_matching_jit(name: str, bs: int) -> None:
-    (program,) = [p for p in suite.programs(bs) if p.name == name]
+    (program,) = [p for p in programs.programs(bs) if p.name == name]
     example = [jax.ShapeDtypeStruct(s, np.float32) for s in program.shapes]
     traced = trace(program.fn, *example)
     assert len(traced.regions) == 1 and traced.cuts == ()
@@ -115,19 +115,19 @@ def test_suite_program_is_one_region_matching_jit(name: str, bs: int) -> None:
     assert [t.shape for t in region.graph.input_types] == list(program.shapes)
     assert _ops(region).count(Op.MATMUL) == MATMULS[name]
     assert not {Op.TRANSPOSE, Op.CONCAT} & set(_ops(region))  # all layouts fold into the IR
-    inputs = suite.make_inputs(program, seed=bs)
+    inputs = programs.make_inputs(program, seed=bs)
     got = traced.run(*inputs, region_impls=_interpreted(traced))
     _assert_close(got, jax.jit(program.fn)(*inputs))
 
 
 def test_suite_shapes_and_inputs() -> None:
-    by_name = {p.name: p for p in suite.programs(8)}
+    by_name = {p.name: p for p in programs.programs(8)}
     assert by_name["rmsnorm_linear"].shapes == ((16, 4096), (4096,), (4096, 6144))
     assert by_name["lora"].shapes == ((128, 256), (256, 4096), (256, 16), (16, 4096))
     assert by_name["gqa_decode"].shapes == ((16, 256, 64), (16, 64, 4096), (16, 4096, 64))
-    w = suite.make_inputs(by_name["gated_mlp"], seed=0)[1]
+    w = programs.make_inputs(by_name["gated_mlp"], seed=0)[1]
     assert w.dtype == np.float32 and abs(float(w.std()) - 4096**-0.5) < 1e-3
-    a, b = (suite.make_inputs(by_name["ntrans"], seed=s)[0] for s in (0, 1))
+    a, b = (programs.make_inputs(by_name["ntrans"], seed=s)[0] for s in (0, 1))
     assert not np.array_equal(a, b)
 
 
@@ -137,20 +137,20 @@ EXTRA = {"layernorm": 1, "softmax": 1, "residual_relu": 1, "gelu_mlp": 1, "pytre
 
 @pytest.mark.parametrize("name", list(EXTRA))
 def test_extra_suite_programs(name: str) -> None:
-    (program,) = [p for p in suite.extra_programs() if p.name == name]
-    args = program.call_args(suite.make_inputs(program, seed=0))
-    fresh = program.call_args(suite.make_inputs(program, seed=1))
+    (program,) = [p for p in programs.extra_programs() if p.name == name]
+    args = program.call_args(programs.make_inputs(program, seed=0))
+    fresh = program.call_args(programs.make_inputs(program, seed=1))
     traced = check(program.fn, *args, fresh=fresh)
     assert len(traced.regions) == EXTRA[name]
     assert len(traced.cuts) == EXTRA[name] - 1
 
 
 def test_cut_in_suite_program_names_primitive_and_suite_line() -> None:
-    (program,) = [p for p in suite.extra_programs() if p.name == "sort_between"]
-    traced = trace(program.fn, *suite.make_inputs(program))
+    (program,) = [p for p in programs.extra_programs() if p.name == "sort_between"]
+    traced = trace(program.fn, *programs.make_inputs(program))
     (cut,) = traced.cuts
     assert cut.primitive == "sort"
-    assert f"suite.py:{_line_of(suite.sort_between, 'h = jnp.sort(')}" in cut.source
+    assert f"programs.py:{_line_of(programs.sort_between, 'h = jnp.sort(')}" in cut.source
     assert Op.MATMUL in _ops(traced.regions[0]) and Op.EXP in _ops(traced.regions[1])
 
 
@@ -447,17 +447,17 @@ def test_pytree_kwargs_and_static_args() -> None:
 
 
 def test_run_inside_jit_with_xla_region_callables() -> None:
-    traced = trace(suite.gated_mlp, _randn(4, 32), _randn(32, 16, seed=1), _randn(32, 16, seed=2))
+    traced = trace(programs.gated_mlp, _randn(4, 32), _randn(32, 16, seed=1), _randn(32, 16, seed=2))
     impls = {r.index: traced.region_callable(r.index) for r in traced.regions}
     args = (_randn(4, 32, seed=3), _randn(32, 16, seed=4), _randn(32, 16, seed=5))
     jitted = jax.jit(lambda *a: traced.run(*a, region_impls=impls))
-    _assert_close(jitted(*args), suite.gated_mlp(*args), rtol=1e-5)
+    _assert_close(jitted(*args), programs.gated_mlp(*args), rtol=1e-5)
     text = jitted.lower(*args).as_text()
     assert "dot_general" in text
 
 
 def test_region_impl_errors_are_trace_errors() -> None:
-    traced = trace(suite.softmax, _randn(4, 8))
+    traced = trace(programs.softmax, _randn(4, 8))
     x = _randn(4, 8, seed=1)
     with pytest.raises(TraceError, match="region_impls names region"):
         traced.run(x, region_impls={5: lambda *xs: xs})
@@ -466,7 +466,7 @@ def test_region_impl_errors_are_trace_errors() -> None:
     with pytest.raises(TraceError, match="shape"):
         traced.run(x, region_impls={0: lambda *xs: (np.zeros((2, 2), np.float32),)})
     with pytest.raises(TraceError, match="static_argnums"):
-        trace(suite.softmax, x, static_argnums=3)
+        trace(programs.softmax, x, static_argnums=3)
 
 
 def test_literal_inputs_are_substituted_by_region_callable() -> None:

@@ -4,11 +4,10 @@ for-loop and accumulator semantics, and the hand-built fused graphs against thei
 from __future__ import annotations
 
 import math
-import sys
 import time
 import zlib
-from pathlib import Path
 
+import graphs as G
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,9 +27,6 @@ from mirage_jax.ir import (
     TensorType,
     ThreadBuilder,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: make tests/graphs.py importable
-import graphs as G
 
 N = -1
 

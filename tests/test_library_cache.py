@@ -13,25 +13,28 @@ import numpy as np
 import pytest
 
 import mirage_jax as mj
-from mirage_jax import cache, library
 from mirage_jax.errors import LibraryError
+from mirage_jax.planner import decisions as cache
+from mirage_jax.planner import library
 
 SHAPES = [(4, 256), (256,), (256, 128)]
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 CHILD = textwrap.dedent(
     """
     import json, sys
     import numpy as np, jax
     import mirage_jax as mj
-    from mirage_jax import suite, cache
-    from mirage_jax.codegen.build import build_stats
+    import programs
+    from mirage_jax.planner import decisions as cache
+    from mirage_jax.backend.cpu.build import build_stats
     if len(sys.argv) > 2:
         mj.load_library(sys.argv[2])
     rng = np.random.default_rng(int(sys.argv[1]))
     args = [rng.standard_normal(s).astype(np.float32) for s in {shapes}]
-    f = mj.optimize(suite.rmsnorm_linear, strategy="as_is", require_speedup=False)
+    f = mj.optimize(programs.rmsnorm_linear, strategy="as_is", require_speedup=False)
     out = np.asarray(f(*args))
-    want = np.asarray(jax.jit(suite.rmsnorm_linear)(*args))
+    want = np.asarray(jax.jit(programs.rmsnorm_linear)(*args))
     plan = f.plan(*args)
     print(json.dumps({{"source": plan.regions[0].source, "custom": plan.regions[0].impl is not None,
         "compiles": build_stats().compiles, "hits": cache.cache_stats().hits,
@@ -51,8 +54,10 @@ def run_child(env: dict[str, str], seed: int, lib: Path | None = None) -> dict:
 def env(tmp_path: Path) -> dict[str, str]:
     # calibration off: a fresh cache would also compile the host probe, and these tests count
     # the kernel's compiles alone
+    # the children import the benchmark programs (benchmarks/programs.py) by module name
+    path = os.pathsep.join(filter(None, (str(BENCHMARKS), os.environ.get("PYTHONPATH"))))
     return {**os.environ, "MIRAGE_JAX_CACHE_DIR": str(tmp_path / "cache"),
-            "MIRAGE_JAX_CALIBRATE": "0"}  # fmt: skip
+            "MIRAGE_JAX_CALIBRATE": "0", "PYTHONPATH": path}  # fmt: skip
 
 
 def test_second_process_reuses_the_decision_and_the_kernel(env):
@@ -100,9 +105,9 @@ def _precompile(out: Path, env_dir: Path) -> Path:
     try:
         rng = np.random.default_rng(0)
         args = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
-        from mirage_jax import suite
+        import programs
 
-        return mj.precompile(suite.rmsnorm_linear, args, out, strategy="as_is",
+        return mj.precompile(programs.rmsnorm_linear, args, out, strategy="as_is",
                              require_speedup=False, cache=False)  # fmt: skip
     finally:
         os.environ.pop("MIRAGE_JAX_CACHE_DIR")
@@ -139,7 +144,7 @@ def test_env_var_library_mismatch_falls_back_with_a_warning(tmp_path, monkeypatc
 
 
 def test_show_cli_prints_regions_and_writes_dot(tmp_path, env):
-    argv = [sys.executable, "-m", "mirage_jax", "show", "mirage_jax.suite:rmsnorm_linear",
+    argv = [sys.executable, "-m", "mirage_jax", "show", "programs:rmsnorm_linear",
             "--shapes", "f32[4,256] f32[256] f32[256,128]", "--strategy", "as_is",
             "--dot", str(tmp_path)]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
@@ -149,7 +154,7 @@ def test_show_cli_prints_regions_and_writes_dot(tmp_path, env):
 
 
 def test_cli_reports_bad_shapes_clearly(env):
-    argv = [sys.executable, "-m", "mirage_jax", "show", "mirage_jax.suite:rmsnorm_linear",
+    argv = [sys.executable, "-m", "mirage_jax", "show", "programs:rmsnorm_linear",
             "--shapes", "nonsense"]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2 and "no shapes in 'nonsense'" in done.stderr

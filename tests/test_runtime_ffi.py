@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mirage_jax.codegen import build
-from mirage_jax.codegen.build import compile_shared_library
+from mirage_jax.backend.cpu import build
+from mirage_jax.backend.cpu.build import compile_shared_library
 from mirage_jax.errors import RuntimeLoadError
 from mirage_jax.runtime import DISPATCH_TARGET, kernel_call, kernel_name, load_kernel
 from mirage_jax.runtime.native import native

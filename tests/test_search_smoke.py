@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mirage_jax import trace
+from mirage_jax import superoptimize, trace
 from mirage_jax.interpret import evaluate, ff_fingerprint
 from mirage_jax.ir import Op
-from mirage_jax.search import InlineExecutor, SearchConfig, superoptimize
+from mirage_jax.search import InlineExecutor, SearchConfig
 
 
 def lora(x, w, a, b):

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import search_table  # benchmarks/search_table.py, importable through conftest.py
 
-from mirage_jax.search import calibrate
-from mirage_jax.search import cost as cost_model
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import search_table  # noqa: E402
+from mirage_jax.backend.cpu import calibrate
+from mirage_jax.backend.cpu import cost as cost_model
 
 
 def test_rerank_field_is_checked_against_the_cost_model():

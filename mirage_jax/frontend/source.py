@@ -1,8 +1,8 @@
 """The user's source line of a jaxpr equation, found through public traceback attributes.
 
 An equation's ``source_info.traceback`` lists frames innermost first. The user's line is the
-first frame outside jax, jaxlib and mirage_jax's own machinery (``mirage_jax/suite.py`` holds
-user-level example programs, so it counts as user code). Anything unexpected yields ``None``.
+first frame outside jax, jaxlib and mirage_jax's own package. Anything unexpected yields
+``None``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import os
 from typing import Any
 
 import jax
+import jaxlib
 
-_SUITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "suite.py")
+# this file is mirage_jax/frontend/source.py
+_MIRAGE_JAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _package_dir(module: Any) -> str | None:
@@ -21,11 +23,7 @@ def _package_dir(module: Any) -> str | None:
 
 
 def _internal_dirs() -> tuple[str, ...]:
-    import jaxlib
-
-    import mirage_jax
-
-    dirs = (_package_dir(jax), _package_dir(jaxlib), _package_dir(mirage_jax))
+    dirs = (_package_dir(jax), _package_dir(jaxlib), _MIRAGE_JAX_DIR)
     return tuple(d for d in dirs if d)
 
 
@@ -37,8 +35,6 @@ def _is_internal(file_name: str) -> bool:
     if _INTERNAL is None:
         _INTERNAL = _internal_dirs()
     path = os.path.abspath(file_name) if not file_name.startswith("<") else file_name
-    if path == _SUITE:
-        return False
     return path.startswith(_INTERNAL)
 
 

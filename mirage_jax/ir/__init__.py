@@ -16,7 +16,6 @@ from mirage_jax.ir.graph import (
     copy_into,
     map_blocks,
     node_phase,
-    rebuild,
 )
 from mirage_jax.ir.ops import (
     ACCUMULATORS,
@@ -32,7 +31,7 @@ from mirage_jax.ir.ops import (
     Op,
 )
 from mirage_jax.ir.shapes import BlockContext
-from mirage_jax.ir.text import fingerprint, parse, to_text
+from mirage_jax.ir.text import fingerprint, parse, rebuild, to_text
 from mirage_jax.ir.types import BF16, F16, F32, F64, DType, TensorType
 
 __all__ = [

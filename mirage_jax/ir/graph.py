@@ -29,6 +29,7 @@ from mirage_jax.ir.ops import (
     Level,
     Op,
 )
+from mirage_jax.ir.printer import fingerprint, to_text
 from mirage_jax.ir.shapes import BlockContext, infer, saved_output
 from mirage_jax.ir.types import TensorType
 
@@ -107,14 +108,10 @@ class Graph:
         return tuple(self.types[n.ins[0]] for n in self.outputs)
 
     def __str__(self) -> str:
-        from mirage_jax.ir.text import to_text
-
         return to_text(self)
 
     def fingerprint(self) -> str:
         """sha256 of the canonical text: stable across processes and machines."""
-        from mirage_jax.ir.text import fingerprint
-
         return fingerprint(self)
 
 
@@ -411,13 +408,6 @@ class BlockBuilder(_Builder):
         return super().build()  # type: ignore[return-value]
 
 
-def rebuild(graph: Graph) -> Graph:
-    """Re-run every check on an existing graph (e.g. one constructed by hand)."""
-    from mirage_jax.ir.text import parse, to_text
-
-    return parse(to_text(graph))
-
-
 def copy_into(
     kb: KernelBuilder, graph: KernelGraph,
     block_fn: Callable[[BlockGraph], BlockGraph] | None = None,
@@ -449,5 +439,4 @@ def map_blocks(graph: KernelGraph, fn: Callable[[BlockGraph], BlockGraph]) -> Ke
 __all__ = [
     "Attrs", "BlockBuilder", "BlockGraph", "Graph", "KernelBuilder", "KernelGraph", "Node",
     "Phase", "ThreadBuilder", "ThreadGraph", "Value", "copy_into", "map_blocks", "node_phase",
-    "rebuild",
 ]  # fmt: skip

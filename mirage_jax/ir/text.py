@@ -1,4 +1,4 @@
-"""Canonical text form of μGraphs: a printer, a parser (exact round trip) and the fingerprint.
+"""Canonical text form of μGraphs: the parser (an exact round trip of ``ir.printer``).
 
 Example::
 
@@ -15,91 +15,28 @@ Example::
       output(%2)
     }
 
-Attributes are printed in name order, all of them (defaults included), so equal graphs print
-equal text. Every nested graph has its own value numbering.
+The printer (``to_text``) and the fingerprint live in ``ir.printer`` and are re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
 
 from mirage_jax.errors import ParseError
 from mirage_jax.ir.graph import (
     BlockBuilder,
-    BlockGraph,
     Graph,
     KernelBuilder,
-    Node,
     ThreadBuilder,
     ThreadGraph,
     Value,
 )
 from mirage_jax.ir.ops import OP_BY_NAME, Level, Op
+from mirage_jax.ir.printer import fingerprint, to_text
 from mirage_jax.ir.types import DType, TensorType
 
 _NESTED = {Op.GRAPH_DEF: "block", Op.THREAD: "graph"}
-
-# ------------------------------------------------------------------------------------ printing
-
-
-def to_text(graph: Graph) -> str:
-    return "\n".join(_graph_lines(graph, "")) + "\n"
-
-
-def fingerprint(graph: Graph) -> str:
-    return hashlib.sha256(to_text(graph).encode()).hexdigest()
-
-
-def _header(graph: Graph) -> str:
-    if isinstance(graph, BlockGraph):
-        args = ", ".join(map(str, graph.arg_types))
-        grid = ",".join(map(str, graph.grid))
-        return f"block grid=({grid}) forloop={graph.forloop_range} args=({args})"
-    return graph.level.value
-
-
-def _graph_lines(graph: Graph, indent: str) -> list[str]:
-    lines = [_header(graph) + " {"]
-    for node in graph.nodes:
-        lines.extend(_node_lines(graph, node, indent + "  "))
-    lines.append(indent + "}")
-    return lines
-
-
-def _fmt_value(value: Any) -> str:
-    if isinstance(value, bool):
-        raise TypeError("boolean attributes are not part of the IR")
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, DType):
-        return value.value
-    if isinstance(value, tuple):
-        return "(" + ",".join(_fmt_value(v) for v in value) + ")"
-    raise TypeError(f"cannot print attribute value {value!r}")
-
-
-def _node_lines(graph: Graph, node: Node, indent: str) -> list[str]:
-    nested_attr = _NESTED.get(node.op)
-    attrs = [(k, v) for k, v in node.attrs if k != nested_attr]
-    text = indent
-    if node.outs:
-        text += ", ".join(f"%{o}" for o in node.outs) + " = "
-    text += node.op.value
-    if attrs:
-        text += "[" + ", ".join(f"{k}={_fmt_value(v)}" for k, v in attrs) + "]"
-    if node.ins:
-        text += "(" + ", ".join(f"%{i}" for i in node.ins) + ")"
-    if node.outs:
-        text += " : " + ", ".join(str(graph.types[o]) for o in node.outs)
-    if nested_attr is None:
-        return [text]
-    inner = _graph_lines(node.attr(nested_attr), indent)
-    return [text + " " + inner[0], *inner[1:]]
-
 
 # ------------------------------------------------------------------------------------- parsing
 
@@ -273,4 +210,9 @@ def _parse_node(toks: _Tokens, builder: Any, names: dict[str, Value]) -> None:
         names[name] = value
 
 
-__all__ = ["fingerprint", "parse", "to_text", "ThreadGraph"]
+def rebuild(graph: Graph) -> Graph:
+    """Re-run every check on an existing graph (e.g. one constructed by hand)."""
+    return parse(to_text(graph))
+
+
+__all__ = ["ThreadGraph", "fingerprint", "parse", "rebuild", "to_text"]

@@ -6,6 +6,7 @@ import enum
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from mirage_jax.errors import GraphError
@@ -27,8 +28,6 @@ class DType(enum.Enum):
     def numpy(self) -> np.dtype:
         """The numpy dtype holding values of this type (bf16 via ml_dtypes, which jax ships)."""
         if self is DType.BF16:
-            import ml_dtypes
-
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype({"f16": np.float16, "f32": np.float32, "f64": np.float64}[self.value])
 

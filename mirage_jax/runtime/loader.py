@@ -5,11 +5,20 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
-from mirage_jax.codegen.build import CompiledLibrary
 from mirage_jax.errors import RuntimeLoadError
 from mirage_jax.runtime.native import native
+
+
+@dataclass(frozen=True)
+class CompiledLibrary:
+    """A compiled shared library: where it is, and the content key it is cached under."""
+
+    path: Path
+    key: str
+
 
 # Opened libraries stay referenced for the life of the process: XLA programs may call their
 # kernels at any time, so they must never be unloaded.

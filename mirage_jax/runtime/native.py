@@ -23,6 +23,7 @@ from pathlib import Path
 from types import ModuleType
 
 from mirage_jax.errors import RuntimeLoadError
+from mirage_jax.version import __version__
 
 _MODULE = "mirage_jax._C"
 _DIST = "mirage-jax"
@@ -114,8 +115,6 @@ def _installed_native_path() -> Path | None:
         dist = importlib.metadata.distribution(_DIST)
     except importlib.metadata.PackageNotFoundError:
         return None
-    from mirage_jax import __version__
-
     if dist.version != __version__:
         return None
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)

@@ -3,7 +3,9 @@
 This is Mirage's pruning abstraction. Every tensor gets a ``Term`` over a small core language;
 a search prefix is pruned when the term of a new tensor is not a subexpression of the target's
 terms modulo the axioms (``mirage_jax.search.axioms``). ``SubexprOracle`` answers that question
-from the target's e-graph, saturated once with egglog (``mirage_jax.search.egraph``).
+from the target's e-graph, saturated once with egglog (``mirage_jax.search.egraph``). ``Term``
+and the oracle's ``SaturationBudget`` and ``OracleStats`` live in
+``mirage_jax.search.abstract_terms`` (shared with ``egraph``) and are re-exported here.
 
 Core language (``Term.head``; ``param`` in brackets)::
 
@@ -59,7 +61,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -70,94 +71,17 @@ from mirage_jax.ir.graph import BlockGraph, KernelGraph, ThreadGraph
 from mirage_jax.ir.ops import NONE_DIM, Op
 from mirage_jax.ir.shapes import BlockContext
 from mirage_jax.ir.types import TensorType
+from mirage_jax.search.abstract_terms import OracleStats, SaturationBudget, Term
 
 # ---------------------------------------------------------------------------------------------
-# terms
-
-Param = int | Fraction | str | None
-
-
-class Term:
-    """An immutable, hashable abstract expression: ``head(param)(args...)``.
-
-    Build terms with the normalizing constructors (``var``, ``const``, ``add``, ``mul``, ...),
-    not with ``Term(...)`` directly, so equal expressions compare equal.
-    """
-
-    __slots__ = ("head", "args", "param", "_hash", "_str")
-
-    head: str
-    args: tuple[Term, ...]
-    param: Param
-
-    def __init__(self, head: str, args: tuple[Term, ...] = (), param: Param = None) -> None:
-        object.__setattr__(self, "head", head)
-        object.__setattr__(self, "args", tuple(args))
-        object.__setattr__(self, "param", param)
-        object.__setattr__(self, "_hash", hash((head, self.args, param)))
-        object.__setattr__(self, "_str", None)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("Term is immutable")
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, Term) or self._hash != other._hash:
-            return False
-        return self.head == other.head and self.param == other.param and self.args == other.args
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # rebuild (and rehash) on unpickling: str hashes differ between processes
-        return (Term, (self.head, self.args, self.param))
-
-    def __str__(self) -> str:
-        if self._str is None:
-            object.__setattr__(self, "_str", _render(self))
-        return self._str  # type: ignore[return-value]
-
-    def __repr__(self) -> str:
-        return f"Term<{self}>"
-
-    def subterms(self) -> list[Term]:
-        """Every distinct subterm, children before parents (self last)."""
-        seen: dict[Term, None] = {}
-
-        def visit(t: Term) -> None:
-            if t in seen:
-                return
-            for a in t.args:
-                visit(a)
-            seen[t] = None
-
-        visit(self)
-        return list(seen)
-
-    @property
-    def size(self) -> int:
-        """Number of distinct subterms (DAG size)."""
-        return len(self.subterms())
-
-
-def _render(t: Term) -> str:
-    if t.head == "var":
-        return f"x{t.param}"
-    if t.head == "const":
-        return str(t.param)
-    inner = [str(a) for a in t.args]
-    if t.head in ("sum", "fn"):
-        inner.insert(0, str(t.param))
-    return f"{t.head}({', '.join(inner)})"
+# normalizing constructors
 
 
 def _key(t: Term) -> str:
     return str(t)
 
 
-def _snap(value: float | int | Fraction) -> Fraction:
+def _snap(value: float | Fraction) -> Fraction:
     """A float constant as a rational, rounded to float32 first and snapped to a simple
     fraction when one rounds to the same float32: ``1e-6`` traced in f32 or written in f64,
     ``mul_scalar(1/3)`` and a mean over 3 all get one constant. (Identifying constants that
@@ -180,7 +104,7 @@ def var(index: int) -> Term:
     return Term("var", (), int(index))
 
 
-def const(value: float | int | Fraction) -> Term:
+def const(value: float | Fraction) -> Term:
     return Term("const", (), _snap(value))
 
 
@@ -559,33 +483,6 @@ def _has_var(term: Term) -> bool:
     return any(t.head == "var" for t in term.subterms())
 
 
-@dataclass(frozen=True)
-class SaturationBudget:
-    """Limits on saturating the target's e-graph (checked after each egglog iteration)."""
-
-    iterations: int = 64
-    node_limit: int = 200_000
-    time_limit_s: float = 30.0
-
-
-@dataclass
-class OracleStats:
-    """Counters of one oracle: queries (cache hits among them, accepted = distinct accepted
-    terms) and how the saturation went."""
-
-    queries: int = 0
-    cache_hits: int = 0
-    accepted: int = 0
-    saturation_s: float = 0.0
-    iterations: int = 0
-    saturated: bool = False
-    stop_reason: str = ""
-    enodes: int = 0
-    eclasses: int = 0
-    # one entry per egglog iteration: (schedule stage, e-graph size, seconds since start)
-    per_iteration: list[tuple[str, int, float]] = field(default_factory=list)
-
-
 class SubexprOracle:
     """Is a term, modulo the axioms, a subexpression of the target's outputs?
 
@@ -600,6 +497,8 @@ class SubexprOracle:
     def __init__(
         self, target: KernelGraph | Sequence[Term], *, budget: SaturationBudget | None = None
     ) -> None:
+        # egglog is heavy and needed only once an oracle is built: importing this module
+        # (and so the search package) must not load it
         from mirage_jax.search.egraph import saturate
 
         self.targets: tuple[Term, ...] = (

@@ -38,7 +38,7 @@ from egglog import (
 )
 from egglog import var as evar
 
-from mirage_jax.search.abstract import OracleStats, SaturationBudget, Term
+from mirage_jax.search.abstract_terms import OracleStats, SaturationBudget, Term
 from mirage_jax.search.axioms import AXIOMS, SCHEDULE, Axiom, Cond, Param, Pat
 
 

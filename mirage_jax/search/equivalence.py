@@ -44,11 +44,13 @@ from typing import Any
 
 import numpy as np
 
+from mirage_jax.interpret import Field, evaluate, ff_evaluate_values
+from mirage_jax.interpret.finite_field import fingerprint_inputs, hash_outputs
+from mirage_jax.interpret.numerics import FLOAT_TOLERANCE, output_error, sample_inputs
 from mirage_jax.ir.graph import Graph, KernelGraph, Node, ThreadGraph
 from mirage_jax.ir.ops import Op
 from mirage_jax.ir.types import TensorType
 
-FLOAT_TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-9}
 FLOAT_INPUT_STD = 3.0
 
 # per process: the inputs of recent trials, and prefix values (bounded)
@@ -68,8 +70,6 @@ class FFSpec:
 
     @property
     def field(self) -> Any:
-        from mirage_jax.interpret import Field
-
         return Field(self.p, self.q, self.omega, self.seed)
 
 
@@ -243,8 +243,6 @@ def _nbytes(t: Any) -> int:
 
 def ff_inputs(types: Sequence[TensorType], spec: FFSpec, trial: int) -> list[Any]:
     """The field inputs of one trial (a function of types, seed and trial; cached)."""
-    from mirage_jax.interpret.finite_field import fingerprint_inputs
-
     key = (tuple(types), spec, trial)
     hit = _INPUTS.get(key)
     if hit is None:
@@ -276,8 +274,6 @@ def value_keys(graph: KernelGraph) -> dict[int, Any]:
 
 def ff_outputs(graph: KernelGraph, spec: FFSpec, trial: int) -> list[Any]:
     """The candidate's outputs on one trial, reusing cached values of shared prefixes."""
-    from mirage_jax.interpret import ff_evaluate_values
-
     inputs = ff_inputs(graph.input_types, spec, trial)
     keys = value_keys(graph)
     known = {}
@@ -296,8 +292,6 @@ def ff_outputs(graph: KernelGraph, spec: FFSpec, trial: int) -> list[Any]:
 
 
 def _digest(outputs: Sequence[Any]) -> str:
-    from mirage_jax.interpret.finite_field import hash_outputs
-
     h = hashlib.sha256()
     hash_outputs(outputs, h)
     return h.hexdigest()
@@ -350,30 +344,14 @@ def ff_check_many(
 # float check
 
 
-def realistic_inputs(
-    types: Sequence[TensorType], seed: int = 0, std: float = 1.0
-) -> list[np.ndarray]:
-    """Normal inputs (``std``) in each input's dtype; vectors and [1, n] rows (gains) near 1."""
-    rng = np.random.default_rng([seed, 0xF10A7])
-    out = []
-    for t in types:
-        x = std * rng.standard_normal(t.shape)
-        if t.rank == 1 or (t.rank >= 2 and all(s == 1 for s in t.shape[:-1])):
-            x = 1.0 + 0.1 * x / std
-        out.append(x.astype(t.dtype.numpy))
-    return out
-
-
 _REFS: dict[Any, list[np.ndarray]] = {}
 
 
 def float_reference(target: KernelGraph, seed: int) -> list[np.ndarray]:
-    from mirage_jax.interpret import evaluate
-
     key = (target.fingerprint(), seed)
     if key not in _REFS:
         _REFS.clear()  # one target at a time per process
-        inputs = realistic_inputs(target.input_types, seed, FLOAT_INPUT_STD)
+        inputs = sample_inputs(target.input_types, seed, FLOAT_INPUT_STD)
         _REFS[key] = [np.asarray(r, np.float64) for r in
                       evaluate(target, inputs, precision="float64")]  # fmt: skip
     return _REFS[key]
@@ -381,18 +359,12 @@ def float_reference(target: KernelGraph, seed: int) -> list[np.ndarray]:
 
 def float_check(target: KernelGraph, candidate: KernelGraph, seed: int = 0) -> FloatVerdict:
     """The candidate in its own dtypes against the float64 target (module docstring)."""
-    from mirage_jax.interpret import evaluate
-
     start = time.perf_counter()
     ref = float_reference(target, seed)
-    got = evaluate(candidate, realistic_inputs(candidate.input_types, seed, FLOAT_INPUT_STD))
+    got = evaluate(candidate, sample_inputs(candidate.input_types, seed, FLOAT_INPUT_STD))
     worst_ok, worst = True, (0.0, 1.0, 1.0)
     for g, r, t in zip(got, ref, candidate.output_types):
-        g64 = np.asarray(g, np.float64)
-        scale = float(np.max(np.abs(r))) if r.size else 1.0
-        scale = scale if scale > 0 and np.isfinite(scale) else 1.0
-        err = float(np.max(np.abs(g64 - r))) if r.size else 0.0
-        tol = FLOAT_TOLERANCE.get(t.dtype.value, 2e-4) * scale
+        err, tol, scale = output_error(g, r, t.dtype.value)
         ok = bool(np.isfinite(err)) and err <= tol
         if not ok or err / tol >= worst[0] / worst[1]:
             worst = (err, tol, scale)
@@ -404,5 +376,5 @@ __all__ = [
     "FLOAT_TOLERANCE", "FFSpec", "FFVerdict", "FloatVerdict", "degree_bound", "ff_check",
     "ff_check_many",
     "ff_inputs", "ff_outputs", "false_acceptance_bound", "float_check", "pair_degree_bound",
-    "realistic_inputs", "target_digest", "value_keys",
+    "target_digest", "value_keys",
 ]  # fmt: skip

@@ -2,20 +2,16 @@
 
 ``compile_shared_library(source)`` returns a ``CompiledLibrary`` whose ``key`` is the sha256 of
 everything that decides the machine code: the source, the compiler's identity, the flags, the
-ISA level, the runtime headers' contents and the mirage_jax version. The library lives at
-``<cache>/cpu/<key[:2]>/<key>.so`` beside its source (``.cpp``) and a metadata file
-(``.json``). The cache root is ``$MIRAGE_JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/mirage_jax``,
-else ``~/.cache/mirage_jax``.
-
-Several processes may build the same key at once: each key has a lock file (``fcntl.flock``),
-the compiler writes a temporary name that ``os.replace`` publishes atomically, and whoever gets
-the lock second finds the finished library and does not compile again. Nothing here runs at
-import time, so importing mirage_jax needs no compiler.
+ISA level, the runtime headers' contents and the mirage_jax version. The library lives in the
+store's ``cpu`` namespace at ``<cache>/cpu/<key[:2]>/<key>.so`` beside its source (``.cpp``)
+and a metadata file (``.json``) that also holds the library's digest, checked on every hit (see
+``mirage_jax.store`` for the cache root, the per-key lock and the atomic publish). Whoever gets
+a key's lock second finds the finished library and does not compile again. Nothing here runs
+at import time, so importing mirage_jax needs no compiler.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -27,31 +23,24 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirage_jax.codegen.isa import host_isa, isa_flags
+from mirage_jax.backend.cpu.isa import host_isa, isa_flags
+from mirage_jax.backend.headers import runtime_include_dir as include_dir_with
 from mirage_jax.errors import CompileError
+from mirage_jax.runtime.loader import CompiledLibrary
+from mirage_jax.store import CACHE_ENV, cache_root, namespace, write_text_atomic
+from mirage_jax.version import __version__
 
-CACHE_ENV = "MIRAGE_JAX_CACHE_DIR"
 CXX_ENV = "CXX"
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-fPIC", "-shared")
 # Unresolved symbols fail the link with a readable message instead of failing dlopen later.
 LINK_FLAGS: tuple[str, ...] = ("-Wl,-z,defs",)
 COMPILE_TIMEOUT_S = 600.0
 _STDERR_LIMIT = 4000
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]
-# An installed wheel carries the headers inside the package; a source checkout has csrc/.
-_HEADER_DIRS = (_PACKAGE_DIR / "_runtime_headers", _PACKAGE_DIR.parent / "csrc" / "runtime")
-
-
-@dataclass(frozen=True)
-class CompiledLibrary:
-    """A compiled shared library: where it is, and the content key it is cached under."""
-
-    path: Path
-    key: str
+_LIBRARIES = namespace("cpu")
 
 
 @dataclass
@@ -85,31 +74,14 @@ def _count(field: str, amount: float = 1) -> None:
         setattr(_stats, field, getattr(_stats, field) + amount)
 
 
-def cache_root() -> Path:
-    """The mirage_jax cache root (libraries go under ``cpu/``; others may use siblings)."""
-    override = os.environ.get(CACHE_ENV)
-    if override:
-        return Path(override).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "mirage_jax"
-
-
 def library_cache_dir() -> Path:
     """Where compiled CPU libraries are cached."""
-    return cache_root() / "cpu"
+    return _LIBRARIES.directory
 
 
 def runtime_include_dir() -> Path:
     """The include root of the header-only runtime (generated code says ``#include "cpu/..."``)."""
-    for candidate in _HEADER_DIRS:
-        if (candidate / "cpu" / "abi.h").is_file():
-            return candidate
-    raise CompileError(
-        "the mirage_jax runtime headers (cpu/abi.h) are missing from "
-        + " and ".join(str(d) for d in _HEADER_DIRS),
-        remedy="reinstall mirage_jax with `pip install .` so the wheel carries its headers",
-    )
+    return include_dir_with("cpu/abi.h")
 
 
 def compile_shared_library(
@@ -121,20 +93,18 @@ def compile_shared_library(
     flags = (*BASE_FLAGS, *isa_flags(isa), *extra_flags)
     include_dir = runtime_include_dir()
     key = _cache_key(source, compiler, flags, isa, include_dir)
-    lib_path = library_cache_dir() / key[:2] / f"{key}.so"
-    if lib_path.is_file():  # published by os.replace, so existence means complete
-        _count("cache_hits")
-        return CompiledLibrary(lib_path, key)
-    lib_path.parent.mkdir(parents=True, exist_ok=True)
-    with key_lock(lib_path.with_suffix(".lock")):
-        if lib_path.is_file():  # another process built it while we waited
-            _count("cache_hits")
-            return CompiledLibrary(lib_path, key)
+    lib_path = _LIBRARIES.entry(f"{key[:2]}/{key}.so")
+
+    def build(tmp: Path) -> None:
         start = time.perf_counter()
-        _compile(source, compiler, (*flags, "-I", str(include_dir), *LINK_FLAGS), lib_path)
+        _compile(source, compiler, (*flags, "-I", str(include_dir), *LINK_FLAGS), lib_path, tmp)
         _count("compile_s", time.perf_counter() - start)
-        _write_metadata(lib_path, key, name_hint, compiler, flags, isa)
-    _count("compiles")
+
+    def metadata() -> dict[str, object]:
+        return _metadata(key, name_hint, compiler, flags, isa)
+
+    _, built = _LIBRARIES.get_or_build(lib_path, build, metadata)
+    _count("compiles" if built else "cache_hits")
     return CompiledLibrary(lib_path, key)
 
 
@@ -178,29 +148,30 @@ def compiler_identity(compiler: tuple[str, ...]) -> str:
     return lines[0].strip()
 
 
-def _compile(source: str, compiler: tuple[str, ...], flags: Sequence[str], lib_path: Path) -> None:
-    """Write the source beside the library and compile it to a temporary name, then publish."""
+def _compile(
+    source: str, compiler: tuple[str, ...], flags: Sequence[str], lib_path: Path, out: Path
+) -> None:
+    """Write the source beside the library and compile it to ``out`` (the store publishes it)."""
     src_path = lib_path.with_suffix(".cpp")
-    atomic_write(src_path, source)
-    tmp = lib_path.with_name(f"{lib_path.stem}.tmp-{os.getpid()}-{threading.get_ident()}.so")
-    cmd = [*compiler, *flags, str(src_path), "-o", str(tmp)]
+    write_text_atomic(src_path, source)
+    cmd = [*compiler, *flags, str(src_path), "-o", str(out)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired as exc:
         raise CompileError(
             f"compiling {src_path} took longer than {COMPILE_TIMEOUT_S:.0f} s",
-            remedy="simplify the generated kernel or raise codegen.build.COMPILE_TIMEOUT_S",
+            remedy="simplify the generated kernel or raise "
+            "mirage_jax.backend.cpu.build.COMPILE_TIMEOUT_S",
         ) from exc
     if proc.returncode != 0:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise CompileError(
             f"compiling {src_path} failed (exit {proc.returncode}):\n"
             f"$ {shlex.join(cmd)}\n{_trim(proc.stderr)}",
             remedy=f"fix the generated source kept at {src_path}; this is a mirage_jax bug "
             "when the source was generated, please report it with that file",
         )
-    os.replace(tmp, lib_path)
 
 
 def _trim(text: str) -> str:
@@ -217,8 +188,6 @@ def _cache_key(
     source: str, compiler: tuple[str, ...], flags: Sequence[str], isa: str, include_dir: Path
 ) -> str:
     """sha256 over everything that decides the machine code (paths excluded: keys travel)."""
-    from mirage_jax import __version__
-
     material = {
         "mirage_jax": __version__,
         "compiler": compiler_identity(compiler),
@@ -254,38 +223,15 @@ def _hash_files(root: Path, signature: tuple[tuple[str, int, int], ...]) -> str:
     return digest.hexdigest()
 
 
-# --- files ----------------------------------------------------------------------------------
+# --- metadata -------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def key_lock(lock_path: Path) -> Iterator[None]:
-    """An exclusive per-key lock across processes and threads (flock is per open file)."""
-    import fcntl  # POSIX only, and only needed when actually compiling
-
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _write_metadata(
-    lib_path: Path,
-    key: str,
-    name_hint: str,
-    compiler: tuple[str, ...],
-    flags: Sequence[str],
-    isa: str,
-) -> None:
-    """A human-readable record beside the library (for `mirage_jax show` and debugging)."""
-    meta = {
+def _metadata(
+    key: str, name_hint: str, compiler: tuple[str, ...], flags: Sequence[str], isa: str
+) -> dict[str, object]:
+    """A human-readable record beside the library (for `mirage_jax show` and debugging); the
+    store adds the library's digest to it."""
+    return {
         "key": key,
         "name_hint": re.sub(r"[^A-Za-z0-9_.-]", "_", name_hint),
         "compiler": compiler_identity(compiler),
@@ -293,4 +239,9 @@ def _write_metadata(
         "isa": isa,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    atomic_write(lib_path.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
+
+
+__all__ = ["BASE_FLAGS", "CACHE_ENV", "COMPILE_TIMEOUT_S", "CXX_ENV", "LINK_FLAGS",
+           "BuildStats", "CompiledLibrary", "build_stats", "cache_root", "compile_shared_library",
+           "compiler_identity", "headers_hash", "library_cache_dir", "reset_build_stats",
+           "runtime_include_dir"]  # fmt: skip

@@ -7,16 +7,17 @@ runtime template it instantiates. The translation unit holds:
 
 - one ``__global__`` kernel per graph-defined kernel (after ``fuse_elementwise``): the block
   graph's grid is the CUDA grid (``blockIdx.x/y/z`` = grid axes x/y/z); its tiles live in
-  dynamic shared memory at offsets planned by ``plan_block`` (a first-fit allocator over the
-  tiles' live ranges); loop-invariant tiles and ops run before the for-loop; loop-varying tiles
-  are double-buffered and prefetched one iteration ahead with ``cp.async`` (sm_80+); a body
-  matmul that feeds an ``acc_sum`` directly accumulates in registers (``mj::Accumulator``:
-  tensor cores via ``mma.sync`` for f16/bf16, FMA otherwise) and is written out once after the
-  loop; thread graphs become one fused loop over the tile; accumulator finishes, the epilogue
-  and the output savers (per omap/fdim) follow;
+  dynamic shared memory at offsets planned by ``plan_block`` (``plan``: a first-fit
+  allocator over the tiles' live ranges); loop-invariant tiles and ops run before the
+  for-loop; loop-varying tiles are double-buffered and prefetched one iteration ahead with
+  ``cp.async`` (sm_80+); a body matmul that feeds an ``acc_sum`` directly accumulates in
+  registers (``mj::Accumulator``: tensor cores via ``mma.sync`` for f16/bf16, FMA otherwise)
+  and is written out once after the loop; thread graphs become one fused loop over the tile;
+  accumulator finishes, the epilogue and the output savers (per omap/fdim) follow;
 - ``<symbol>_run(stream, inputs, outputs, scratch)``: the launch sequence. Kernel-level ops
   launch the simple kernels of ``cuda/kernels.cuh``; intermediate tensors live in one scratch
-  buffer; a reshape is an alias;
+  buffer; a reshape is an alias; an output is written in place by its producer (the storage
+  plan of ``mirage_jax.backend.emit``, shared with the CPU backend);
 - the XLA FFI handler ``<symbol>`` (``XLA_FFI_DEFINE_HANDLER_SYMBOL``) taking the platform
   stream, a scratch allocator, typed input buffers and result buffers. Compiling with
   ``-DMJ_NO_FFI`` leaves it out (kernel-only builds for fast compile checks);
@@ -24,28 +25,44 @@ runtime template it instantiates. The translation unit holds:
   <symbol>_emu(inputs, outputs)``, which runs the same kernels with emulated thread blocks so
   the generated code can be checked numerically without a GPU.
 
-``backend_for`` (in ``codegen.backend``) decides between this backend and the CPU one.
+``backend_for`` (in ``backend.select``) decides between this backend and the CPU one.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
+from mirage_jax.backend.cuda.plan import (
+    CTYPE,
+    ELEM_BYTES,
+    BlockPlan,
+    Buffer,
+    MatmulPlan,
+    plan_block,
+    sections,
+)
+from mirage_jax.backend.emit import (
+    BINARY_FUNCTOR,
+    UNARY_FUNCTOR,
+    KernelEmitter,
+    Template,
+    check_request,
+    check_table,
+    indent,
+    literal,
+    lookup,
+    node_text,
+    shape_type,
+    thread_steps,
+)
 from mirage_jax.errors import CompileError
-from mirage_jax.ir.fuse import fuse_elementwise
-from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase, ThreadGraph
-from mirage_jax.ir.ops import ACCUMULATORS, BINARY, NONE_DIM, REDUCTIONS, UNARY, Op
+from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, ThreadGraph
+from mirage_jax.ir.ops import ACCUMULATORS, BINARY, NONE_DIM, UNARY, Op
 from mirage_jax.ir.types import DType, TensorType
 
-_CTYPE = {DType.F16: "mj::half", DType.BF16: "mj::bf16", DType.F32: "float", DType.F64: "double"}
 _FFI_DTYPE = {DType.F16: "F16", DType.BF16: "BF16", DType.F32: "F32", DType.F64: "F64"}
-_HALF = (DType.F16, DType.BF16)
-_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-SMEM_ALIGN = 16
 SCRATCH_ALIGN = 256
 # Per-block shared-memory limit of sm_80 .. sm_90 (227 KiB opt-in; 48 KiB without opting in).
 MAX_SMEM_PER_BLOCK = 227 * 1024
@@ -53,29 +70,9 @@ DEFAULT_SMEM_PER_BLOCK = 48 * 1024
 MAX_GRID_YZ = 65535
 KERNEL_THREADS = 256  # 1-D blocks of the kernel-level kernels
 MAX_KERNEL_BLOCKS = 132 * 8  # grid-stride loops need no more than a few waves of blocks
-# Accumulator registers per thread above which a block graph gets more threads.
-_ACC_REGS_PER_THREAD = 96
 
-
-@dataclass(frozen=True)
-class Template:
-    """What an op instantiates: a runtime entry point and, where it takes one, a functor.
-
-    ``fn`` is ``mj::<fn>`` in a block kernel (``mj::k_<fn>`` at kernel level); ``functor`` is
-    the op functor (``mj::op::*``) or reduction (``mj::R*``) it is instantiated with.
-    """
-
-    fn: str
-    functor: str = ""
-
-
-_UNARY_FUNCTOR = {
-    Op.EXP: "Exp", Op.LOG: "Log", Op.SQUARE: "Square", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt",
-    Op.SIGMOID: "Sigmoid", Op.SILU: "Silu", Op.GELU: "Gelu", Op.TANH: "Tanh", Op.ERF: "Erf",
-    Op.RELU: "Relu", Op.NEG: "Neg", Op.RECIPROCAL: "Reciprocal", Op.MUL_SCALAR: "MulScalar",
-    Op.ADD_SCALAR: "AddScalar", Op.POW_SCALAR: "PowScalar",
-}  # fmt: skip
-_BINARY_FUNCTOR = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MAX: "Max"}
+# A Template's ``fn`` is ``mj::<fn>`` in a block kernel (``mj::k_<fn>`` at kernel level); its
+# ``functor`` is the op functor (``mj::op::*``) or reduction (``mj::R*``) it is instantiated with.
 _REDUCER = {Op.REDUCE_SUM: "RSum", Op.REDUCE_MAX: "RMax", Op.REDUCE_MEAN: "RMean",
             Op.REDUCE_RMS: "RRms"}  # fmt: skip
 # Accumulators combine like these reductions; mean and rms finish over all iterations.
@@ -94,26 +91,18 @@ TABLE: dict[Op, Template] = {
     Op.CAST: Template("unary", "mj::op::Identity"),
     Op.MATMUL: Template("block_matmul"),  # Accumulator::mma when it feeds an acc_sum
     Op.CONCAT: Template("concat"),
-    **{op: Template("unary", f"mj::op::{name}") for op, name in _UNARY_FUNCTOR.items()},
-    **{op: Template("binary", f"mj::op::{name}") for op, name in _BINARY_FUNCTOR.items()},
+    **{op: Template("unary", f"mj::op::{name}") for op, name in UNARY_FUNCTOR.items()},
+    **{op: Template("binary", f"mj::op::{name}") for op, name in BINARY_FUNCTOR.items()},
     **{op: Template("reduce", f"mj::{name}") for op, name in _REDUCER.items()},
     **{op: Template("acc_update", f"mj::{name}") for op, name in _ACC_REDUCER.items()},
     Op.ACC_RESCALE_SUM: Template("acc_rescale_sum"),
 }
-_missing = set(Op) - set(TABLE)
-if _missing:  # pragma: no cover - guards the table against a new Op without a template
-    raise RuntimeError(f"ops without a CUDA template: {_missing}")
+check_table(TABLE, "CUDA")
 
 
 def emit_cuda(graph: KernelGraph, symbol: str) -> str:
     """CUDA source for ``graph``: its kernels, ``<symbol>_run`` and the FFI handler ``symbol``."""
-    if not isinstance(graph, KernelGraph):
-        raise CompileError(f"emit_cuda needs a KernelGraph, got {type(graph).__name__}")
-    if not _SYMBOL.fullmatch(symbol):
-        raise CompileError(
-            f"kernel symbol {symbol!r} is not a C identifier",
-            remedy="use letters, digits and underscores, not starting with a digit",
-        )
+    check_request(graph, symbol, "emit_cuda")
     return _KernelEmitter(graph, symbol).source()
 
 
@@ -121,24 +110,15 @@ def emit_cuda(graph: KernelGraph, symbol: str) -> str:
 
 
 def ctype(dtype: DType) -> str:
-    return _CTYPE[dtype]
-
-
-def _acc_ctype(dtype: DType) -> str:
-    return "double" if dtype is DType.F64 else "float"
+    return CTYPE[dtype]
 
 
 def _shape(shape: tuple[int, ...]) -> str:
-    return f"mj::Shape<{','.join(map(str, shape or (1,)))}>"
+    return shape_type(shape or (1,))  # a scalar is one element
 
 
 def _literal(x: float) -> str:
-    if math.isnan(x):
-        return "NAN"
-    if math.isinf(x):
-        return "INFINITY" if x > 0 else "-INFINITY"
-    text = repr(float(x))
-    return text if any(c in text for c in ".en") else text + ".0"
+    return literal(x, nan="NAN", inf="INFINITY")
 
 
 def _scalar(node: Node) -> str:
@@ -154,11 +134,7 @@ def _functor(op: Op) -> str:
 
 
 def _node_text(node: Node) -> str:
-    outs = ", ".join(f"%{o}" for o in node.outs)
-    ins = ", ".join(f"%{i}" for i in node.ins)
-    head = f"{outs} = " if outs else ""
-    attrs = ", ".join(f"{k}={v}" for k, v in node.attrs if k not in ("block", "graph"))
-    return f"{head}{node.op.value}{f'[{attrs}]' if attrs else ''}({ins})"
+    return node_text(node, attrs=True)
 
 
 def _check_size(t: TensorType, what: str) -> None:
@@ -167,260 +143,6 @@ def _check_size(t: TensorType, what: str) -> None:
             f"CUDA backend: {what} {t} has 2^31 or more elements",
             remedy="split the region into smaller tensors or leave it to XLA",
         )
-
-
-# ---------------------------------------------------------------------------- block planning
-
-
-@dataclass(frozen=True)
-class Buffer:
-    """One shared-memory tile: ``stages`` copies of ``nbytes`` each, from byte ``offset``."""
-
-    offset: int
-    nbytes: int
-    ctype: str
-    stages: int = 1
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.nbytes * self.stages
-
-
-@dataclass(frozen=True)
-class MatmulPlan:
-    """How one block matmul runs: operand storage types, tensor cores or FMA, registers."""
-
-    value: int
-    a_ctype: str
-    b_ctype: str
-    tensor_cores: bool
-    acc_registers: int  # 32-bit accumulator registers per thread
-    fused_acc: int | None  # the acc_sum value it accumulates into, in registers
-
-
-@dataclass(frozen=True)
-class BlockPlan:
-    """Everything the emitter and the GPU cost model need to know about one block kernel."""
-
-    graph: BlockGraph  # the block graph after fuse_elementwise
-    threads: int
-    smem_bytes: int
-    buffers: Mapping[str, Buffer]  # "v<id>", "v<id>_run", "v<id>_next" -> tile
-    matmuls: Mapping[int, MatmulPlan]
-    double_buffered: tuple[int, ...]  # loop-varying input tiles, prefetched one iteration ahead
-    phases: Mapping[int, Phase] = field(repr=False, default_factory=dict)
-
-    @property
-    def acc_registers(self) -> int:
-        """Accumulator registers per thread: all fused accumulators plus the largest one-shot."""
-        fused = sum(m.acc_registers for m in self.matmuls.values() if m.fused_acc is not None)
-        once = max((m.acc_registers for m in self.matmuls.values() if m.fused_acc is None),
-                   default=0)  # fmt: skip
-        return fused + once
-
-    @property
-    def fused(self) -> dict[int, int]:
-        """acc value -> the matmul value accumulated into it in registers."""
-        return {m.fused_acc: v for v, m in self.matmuls.items() if m.fused_acc is not None}
-
-
-def plan_block(block: BlockGraph) -> BlockPlan:
-    """Storage, thread count and shared-memory layout of ``block`` as the emitter will use it."""
-    g = fuse_elementwise(block)
-    phases = g.phases()
-    storage = _storage_types(g)
-    fusable = _fusable_matmuls(g, phases)
-    threads = 128
-    for threads in (128, 256, 512):
-        mm = _matmul_plans(g, storage, fusable, threads)
-        regs = _acc_registers(mm)
-        if regs <= _ACC_REGS_PER_THREAD:
-            break
-    dbl = tuple(
-        n.outs[0] for n in g.nodes_of(Op.INPUT_ITER) if phases[n.outs[0]] is Phase.BODY
-    )
-    buffers = _allocate(g, phases, storage, mm, dbl)
-    smem = max((b.end for b in buffers.values()), default=0)
-    return BlockPlan(g, threads, smem, buffers, mm, dbl, phases)
-
-
-def _acc_registers(mm: Mapping[int, MatmulPlan]) -> int:
-    fused = sum(m.acc_registers for m in mm.values() if m.fused_acc is not None)
-    once = max((m.acc_registers for m in mm.values() if m.fused_acc is None), default=0)
-    return fused + once
-
-
-def _storage_types(g: BlockGraph) -> dict[int, str]:
-    """The C++ element type of every tile.
-
-    Input tiles keep their dtype (cp.async copies bytes). f16/bf16 values computed in the
-    block are kept in float unless a matmul consumes them (tensor cores read f16/bf16);
-    accumulators are float (double for f64).
-    """
-    matmul_operands = {i for n in g.nodes_of(Op.MATMUL) for i in n.ins}
-    out: dict[int, str] = {}
-    for n in g.nodes:
-        for v in n.outs:
-            dt = g.types[v].dtype
-            if n.op is Op.INPUT_ITER:
-                out[v] = _CTYPE[dt]
-            elif n.op in ACCUMULATORS:
-                out[v] = _acc_ctype(dt)
-            elif dt in _HALF and v not in matmul_operands:
-                out[v] = "float"
-            else:
-                out[v] = _CTYPE[dt]
-    return out
-
-
-def _fusable_matmuls(g: BlockGraph, phases: Mapping[int, Phase]) -> dict[int, int]:
-    """Body matmuls whose only use is an acc_sum over no dim: matmul value -> acc value."""
-    fused = {}
-    for n in g.nodes_of(Op.MATMUL):
-        users = g.users(n.outs[0])
-        if (
-            len(users) == 1
-            and users[0].op is Op.ACC_SUM
-            and users[0].attr("dim") == NONE_DIM
-            and phases[n.outs[0]] is Phase.BODY
-        ):
-            fused[n.outs[0]] = users[0].outs[0]
-    return fused
-
-
-def _matmul_plans(
-    g: BlockGraph, storage: Mapping[int, str], fusable: Mapping[int, int], threads: int
-) -> dict[int, MatmulPlan]:
-    plans = {}
-    for n in g.nodes_of(Op.MATMUL):
-        a, b = n.ins
-        ta, tb = g.types[a], g.types[b]
-        m, k, nn = ta.shape[-2], ta.shape[-1], tb.shape[-1]
-        batch = ta.size // (m * k)
-        tc = storage[a] == storage[b] and storage[a] in ("mj::half", "mj::bf16")
-        if tc:
-            tiles = batch * -(-m // 16) * -(-nn // 8)
-            regs = 4 * -(-tiles // (threads // 32))
-        else:
-            words = 2 if "double" in (storage[a], storage[b]) else 1
-            regs = words * -(-(batch * m * nn) // threads)
-        v = n.outs[0]
-        plans[v] = MatmulPlan(v, storage[a], storage[b], tc, regs, fusable.get(v))
-    return plans
-
-
-def _allocate(
-    g: BlockGraph,
-    phases: Mapping[int, Phase],
-    storage: Mapping[int, str],
-    matmuls: Mapping[int, MatmulPlan],
-    double_buffered: tuple[int, ...],
-) -> dict[str, Buffer]:
-    """First-fit placement of every tile over its live range in the emitted schedule."""
-    ranges = _live_ranges(g, phases, matmuls, double_buffered)
-    sizes: dict[str, tuple[int, str, int]] = {}
-    for key, (vid, _, _) in ranges.items():
-        # the running max of an online softmax is kept like its accumulator
-        owner = int(key[1:].split("_")[0])
-        ct = storage[owner] if key.endswith(("_run", "_next")) else storage[vid]
-        elem = {"mj::half": 2, "mj::bf16": 2, "float": 4, "double": 8}[ct]
-        stages = 2 if vid in double_buffered and g.forloop_range > 1 and key == f"v{vid}" else 1
-        sizes[key] = (g.types[vid].size * elem, ct, stages)
-    placed: list[tuple[int, int, int, int]] = []  # (start, end, offset, bytes)
-    buffers: dict[str, Buffer] = {}
-    order = sorted(ranges, key=lambda k: (ranges[k][1], -sizes[k][0] * sizes[k][2], k))
-    for key in order:
-        _, start, end = ranges[key]
-        nbytes, ct, stages = sizes[key]
-        total = -(-nbytes * stages // SMEM_ALIGN) * SMEM_ALIGN
-        busy = sorted((o, o + b) for s, e, o, b in placed if s <= end and start <= e)
-        offset = 0
-        for lo, hi in busy:
-            if offset + total <= lo:
-                break
-            offset = max(offset, -(-hi // SMEM_ALIGN) * SMEM_ALIGN)
-        placed.append((start, end, offset, total))
-        per_stage = -(-nbytes // SMEM_ALIGN) * SMEM_ALIGN if stages > 1 else nbytes
-        buffers[key] = Buffer(offset, per_stage, ct, stages)
-    return buffers
-
-
-def _live_ranges(
-    g: BlockGraph,
-    phases: Mapping[int, Phase],
-    matmuls: Mapping[int, MatmulPlan],
-    double_buffered: tuple[int, ...],
-) -> dict[str, tuple[int, int, int]]:
-    """key -> (value, first, last) schedule positions.
-
-    Positions follow the emitted order: invariant nodes, then the accumulator inits and the
-    first prefetch (``init``), the loop body, the accumulator finishes (``fin``), the epilogue.
-    A value used inside the loop stays live to the loop's end (the loop repeats).
-    """
-    sections = _sections(g, phases)
-    pos: dict[int, int] = {}
-    p = 0
-    for n in sections["pre"]:
-        pos[id(n)] = p
-        p += 1
-    init = p
-    p += 1
-    loop_start = p
-    for n in sections["loop"]:
-        pos[id(n)] = p
-        p += 1
-    loop_end = max(p - 1, loop_start)
-    fin = loop_end + 1
-    p = fin + 1
-    for n in sections["post"]:
-        pos[id(n)] = p
-        p += 1
-    fused_mm = {v for v, m in matmuls.items() if m.fused_acc is not None}
-    fused_acc = {m.fused_acc for m in matmuls.values() if m.fused_acc is not None}
-    ranges: dict[str, tuple[int, int, int]] = {}
-    for n in g.nodes:
-        if n.op is Op.OUTPUT_SAVER:
-            continue
-        for v in n.outs:
-            if v in fused_mm:
-                continue  # lives in registers
-            if n.op in ACCUMULATORS:
-                start = fin if v in fused_acc else init
-            elif v in double_buffered:
-                start = init
-            else:
-                start = pos[id(n)]
-            end = start
-            for u in g.users(v):
-                use = pos[id(u)]
-                if loop_start <= use <= loop_end and start < loop_start:
-                    use = loop_end  # an invariant value read by every iteration
-                end = max(end, use)
-            if v in double_buffered:
-                end = max(end, loop_end)
-            if n.op in ACCUMULATORS:
-                end = max(end, fin)  # updated every iteration and finished, even if unused
-            ranges[f"v{v}"] = (v, start, end)
-            if n.op is Op.ACC_RESCALE_SUM:
-                ranges[f"v{v}_run"] = (n.ins[1], init, loop_end)
-                ranges[f"v{v}_next"] = (n.ins[1], init, loop_end)
-    return ranges
-
-
-_SECTION = {Phase.INVARIANT: "pre", Phase.BODY: "loop", Phase.EPILOGUE: "post"}
-
-
-def _sections(g: BlockGraph, phases: Mapping[int, Phase]) -> dict[str, list[Node]]:
-    """Which part of the kernel each node is emitted in: before, inside or after the loop."""
-    out: dict[str, list[Node]] = {"pre": [], "loop": [], "post": []}
-    for n in g.nodes:
-        if n.op is Op.OUTPUT_SAVER:
-            out[_SECTION[phases[n.ins[0]]]].append(n)
-        elif n.op in ACCUMULATORS:
-            out["loop"].append(n)  # the update; init and finish are placed around the loop
-        else:
-            out[_SECTION[phases[n.outs[0]]]].append(n)
-    return out
 
 
 # ----------------------------------------------------------------------------- block kernels
@@ -450,12 +172,12 @@ class _BlockEmitter:
                                remedy="put the largest grid axis on x")  # fmt: skip
         for t in (*g.arg_types, *g.output_types):
             _check_size(t, "block graph tensor")
-        sections = _sections(g, plan.phases)
+        by_section = sections(g, plan.phases)
         for where in ("pre", "loop", "post"):
-            for n in sections[where]:
+            for n in by_section[where]:
                 self._node(n, where)
-        params = [f"const {_CTYPE[t.dtype]}* __restrict__ in{i}" for i, t in enumerate(g.arg_types)]
-        params += [f"{_CTYPE[t.dtype]}* __restrict__ out{k}" for k, t in enumerate(g.output_types)]
+        params = [f"const {CTYPE[t.dtype]}* __restrict__ in{i}" for i, t in enumerate(g.arg_types)]
+        params += [f"{CTYPE[t.dtype]}* __restrict__ out{k}" for k, t in enumerate(g.output_types)]
         gx, gy, gz = g.grid
         r = g.forloop_range
         body = [
@@ -466,14 +188,14 @@ class _BlockEmitter:
             f"  constexpr int NT = {self.nt};",
             "  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;",
             "  (void)bx, (void)by, (void)bz;",
-            *(f"  {d}" for d in self._declarations()),
-            *(f"  {s}" for s in _dedupe_syncs(self.lines["pre"])),
-            *(f"  {s}" for s in self._init()),
+            *indent(self._declarations(), "  "),
+            *indent(_dedupe_syncs(self.lines["pre"]), "  "),
+            *indent(self._init(), "  "),
             f"  for (int it = 0; it < {r}; ++it) {{",
-            *(f"    {s}" for s in self._loop_head()),
-            *(f"    {s}" for s in _dedupe_syncs(self.lines["loop"] + ["__syncthreads();"])),
+            *indent(self._loop_head(), "    "),
+            *indent(_dedupe_syncs(self.lines["loop"] + ["__syncthreads();"]), "    "),
             "  }",
-            *(f"  {s}" for s in _dedupe_syncs(self._finish() + self.lines["post"])),
+            *indent(_dedupe_syncs(self._finish() + self.lines["post"]), "  "),
             "}",
             "",
         ]
@@ -507,7 +229,7 @@ class _BlockEmitter:
 
     def _stage_ptr(self, v: int, stage: str) -> str:
         b = self.plan.buffers[f"v{v}"]
-        elems = b.nbytes // {"mj::half": 2, "mj::bf16": 2, "float": 4, "double": 8}[b.ctype]
+        elems = b.nbytes // ELEM_BYTES[b.ctype]
         return f"v{v}_s + ({stage}) * {elems}" if b.stages > 1 else f"v{v}"
 
     # ---- loop structure
@@ -572,9 +294,7 @@ class _BlockEmitter:
     # ---- nodes
 
     def _node(self, n: Node, where: str) -> None:
-        emit = _BLOCK_OPS.get(_group(n.op))
-        if emit is None:
-            raise CompileError(f"CUDA backend: {n.op.value} is not supported in a block graph")
+        emit = lookup(_BLOCK_OPS, n.op, "CUDA", "block")
         lines = emit(self, n)
         if not lines:
             return
@@ -631,7 +351,7 @@ class _BlockEmitter:
         v = n.outs[0]
         L = _shape(self.g.types[v].shape)
         f = _functor(n.op)
-        target = _CTYPE[self.g.types[v].dtype]
+        target = CTYPE[self.g.types[v].dtype]
         if n.op is Op.CAST and self.plan.buffers[f"v{v}"].ctype != target:
             f = f"mj::op::RoundTo<{target}>"  # an f16/bf16 value kept in a float tile
         return [f"mj::unary<{f}, NT, {L}>(v{v}, v{n.ins[0]}, {_scalar(n)});", "__syncthreads();"]
@@ -675,9 +395,9 @@ class _BlockEmitter:
         tg: ThreadGraph = n.attr("graph")
         v = n.outs[0]
         lo = _shape(self.g.types[v].shape)
-        dtypes = [self.g.types[i].dtype for i in n.ins]
-        c = "double" if DType.F64 in dtypes or tg.types[tg.outputs[0].ins[0]].dtype is DType.F64 \
-            else "float"  # fmt: skip
+        steps, result = thread_steps(tg)
+        dtypes = [self.g.types[i].dtype for i in n.ins] + [tg.types[result].dtype]
+        c = "double" if DType.F64 in dtypes else "float"
         body = [f"for (int i = mj::thread_id(); i < {lo}::size; i += NT) {{"]
         names: dict[int, str] = {}
         for k, (tin, operand) in enumerate(zip(tg.inputs, n.ins)):
@@ -686,18 +406,12 @@ class _BlockEmitter:
             li = _shape(self.g.types[operand].shape)
             idx = "i" if li == lo else f"mj::bcast_offset<{lo}, {li}>(i)"
             body.append(f"  const {c} x{t} = mj::cvt<{c}>(v{operand}[{idx}]);")
-        result = None
-        for tn in tg.nodes:
-            if tn.op is Op.INPUT:
-                continue
-            if tn.op is Op.OUTPUT:
-                result = names[tn.ins[0]]
-                continue
+        for tn in steps:
             t = tn.outs[0]
             args = [names[i] for i in tn.ins]
             if tn.op is Op.CAST:
                 dt = tg.types[t].dtype
-                expr = f"mj::cvt<{c}>(mj::cvt<{_CTYPE[dt]}>({args[0]}))"
+                expr = f"mj::cvt<{c}>(mj::cvt<{CTYPE[dt]}>({args[0]}))"
             elif tn.op in BINARY:
                 expr = f"{_functor(tn.op)}::f<{c}>({args[0]}, {args[1]})"
             elif tn.op in UNARY:
@@ -707,21 +421,9 @@ class _BlockEmitter:
             body.append(f"  const {c} x{t} = {expr};")
             names[t] = f"x{t}"
         out_ct = self.plan.buffers[f"v{v}"].ctype
-        body.append(f"  v{v}[i] = mj::cvt<{out_ct}>({result});")
+        body.append(f"  v{v}[i] = mj::cvt<{out_ct}>({names[result]});")
         body.append("}")
         return [*body, "__syncthreads();"]
-
-
-def _group(op: Op) -> str:
-    if op in UNARY or op is Op.CAST:
-        return "unary"
-    if op in BINARY:
-        return "binary"
-    if op in REDUCTIONS:
-        return "reduce"
-    if op in ACCUMULATORS:
-        return "acc"
-    return op.value
 
 
 _BlockOp = Callable[[_BlockEmitter, Node], list[str]]
@@ -755,45 +457,40 @@ def _dedupe_syncs(lines: list[str]) -> list[str]:
 # ---------------------------------------------------------------------------- kernel level
 
 
-class _KernelEmitter:
-    def __init__(self, graph: KernelGraph, symbol: str) -> None:
-        self.g = graph
-        self.symbol = symbol
-        self.kernels: list[str] = []
-        self.lines: list[str] = []
-        self.scratch = 0
+class _KernelEmitter(KernelEmitter):
+    """``<symbol>_run``: pointers to the buffers the storage plan names, then the launches."""
+
+    scratch_align = SCRATCH_ALIGN
+    prefix = "t"
 
     def source(self) -> str:
         for n in self.g.nodes:
             for v in n.outs:
                 _check_size(self.g.types[v], "tensor")
-        self._plan_storage()
-        for pos, node in enumerate(self.g.nodes):
-            self._node(pos, node)
+        self.walk()
         return "\n".join(self._translation_unit()) + "\n"
 
     def _translation_unit(self) -> list[str]:
-        sym = self.symbol
+        sym, scratch = self.symbol, self.storage.scratch_bytes
         ins = [t for t in self.g.input_types]
         outs = [t for t in self.g.output_types]
         head = [
-            (f"// Generated by mirage_jax.codegen.cuda for kernel graph "
-             f"{self.g.fingerprint()[:16]}."),
+            self.banner(__name__),
             "// Build: nvcc (FFI handler), nvcc -DMJ_NO_FFI (kernels only), or a host compiler",
             "// with -DMJ_EMU (emulated thread blocks, for tests without a GPU).",
             '#include "cuda/mj_cuda.cuh"',
             "",
             "namespace {",
             "",
-            *self.kernels,
+            *self.blocks,
             "}  // namespace",
             "",
-            f"[[maybe_unused]] static constexpr size_t {sym}_scratch_bytes = {self.scratch};",
+            f"[[maybe_unused]] static constexpr size_t {sym}_scratch_bytes = {scratch};",
             "",
             f"[[maybe_unused]] static int {sym}_run(cudaStream_t stream, void* const* inputs,",
             "    void* const* outputs, unsigned char* scratch) {",
             "  (void)stream, (void)inputs, (void)outputs, (void)scratch;",
-            *(f"  {line}" for line in self.lines),
+            *indent(self.lines, "  "),
             "  return MJ_LAST_ERROR();",
             "}",
             "",
@@ -850,72 +547,31 @@ class _KernelEmitter:
         ]
         return head + emu + ffi
 
-    # storage: inputs[i], outputs[k], a scratch offset, or an alias (reshape) of another value
-    def _plan_storage(self) -> None:
-        g = self.g
-        self.alias: dict[int, int] = {}
-        for n in g.nodes_of(Op.RESHAPE):
-            self.alias[n.outs[0]] = self._root(n.ins[0])
-        self.input_index = {n.outs[0]: i for i, n in enumerate(g.inputs)}
-        self.output_of: dict[int, int] = {}
-        self.copy_to: dict[int, int] = {}  # OUTPUT node position -> output number it fills
-        outputs = [i for i, n in enumerate(g.nodes) if n.op is Op.OUTPUT]
-        for k, pos in enumerate(outputs):
-            v = g.nodes[pos].ins[0]
-            if v in self.alias or v in self.input_index or v in self.output_of:
-                self.copy_to[pos] = k
-            else:
-                self.output_of[v] = k
-        self.offset: dict[int, int] = {}
-        for n in g.nodes:
-            if n.op in (Op.INPUT, Op.OUTPUT, Op.RESHAPE):
-                continue
-            for v in n.outs:
-                if v not in self.output_of:
-                    self.offset[v] = self.scratch
-                    nbytes = g.types[v].nbytes
-                    self.scratch += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
-
-    def _root(self, v: int) -> int:
-        return self.alias.get(v, v)
-
     def _ct(self, v: int) -> str:
-        return _CTYPE[self.g.types[v].dtype]
+        return CTYPE[self.g.types[v].dtype]
 
-    def _declare(self, v: int) -> None:
+    def input(self, v: int, index: int) -> None:
         ct = self._ct(v)
-        if v in self.output_of:
-            where = f"outputs[{self.output_of[v]}]"
-        else:
-            where = f"scratch + {self.offset[v]}"
+        self.lines.append(f"const {ct}* const t{v} = reinterpret_cast<const {ct}*>("
+                          f"inputs[{index}]);  // {self.g.types[v]}")  # fmt: skip
+
+    def copy_output(self, k: int, v: int) -> None:
+        self.lines.append(f"MJ_MEMCPY(outputs[{k}], t{v}, {self.g.types[v].nbytes}, stream);"
+                          f"  // output {k}")  # fmt: skip
+
+    def reshape(self, node: Node) -> None:
+        v, src = node.outs[0], node.ins[0]
+        const = "const " if self.storage.root(src) in self.storage.input_index else ""
+        self.lines.append(f"{const}{self._ct(v)}* const t{v} = t{src};  // {_node_text(node)}")
+
+    def declare(self, v: int) -> None:
+        ct, st = self._ct(v), self.storage
+        where = f"outputs[{st.output_of[v]}]" if v in st.output_of else f"scratch + {st.offset[v]}"
         self.lines.append(f"{ct}* const t{v} = reinterpret_cast<{ct}*>({where});"
                           f"  // {self.g.types[v]}")  # fmt: skip
 
-    def _node(self, pos: int, node: Node) -> None:
-        op, g = node.op, self.g
-        if op is Op.INPUT:
-            v = node.outs[0]
-            ct = self._ct(v)
-            self.lines.append(f"const {ct}* const t{v} = reinterpret_cast<const {ct}*>("
-                              f"inputs[{self.input_index[v]}]);  // {g.types[v]}")  # fmt: skip
-            return
-        if op is Op.OUTPUT:
-            if pos in self.copy_to:
-                k, v = self.copy_to[pos], node.ins[0]
-                self.lines.append(f"MJ_MEMCPY(outputs[{k}], t{v}, {g.types[v].nbytes}, stream);"
-                                  f"  // output {k}")  # fmt: skip
-            return
-        if op is Op.RESHAPE:
-            v, src = node.outs[0], node.ins[0]
-            const = "const " if self._root(src) in self.input_index else ""
-            ct = self._ct(v)
-            self.lines.append(f"{const}{ct}* const t{v} = t{src};  // {_node_text(node)}")
-            return
-        for v in node.outs:
-            self._declare(v)
-        emit = _KERNEL_OPS.get(_group(op))
-        if emit is None:
-            raise CompileError(f"CUDA backend: {op.value} is not supported in a kernel graph")
+    def compute(self, node: Node) -> None:
+        emit = lookup(_KERNEL_OPS, node.op, "CUDA", "kernel")
         self.lines.append(f"// {_node_text(node)}")
         self.lines.extend(emit(self, node))
 
@@ -927,9 +583,9 @@ class _KernelEmitter:
 
     def _graph_def(self, node: Node) -> list[str]:
         block: BlockGraph = node.attr("block")
-        name = f"{self.symbol}_b{len(self.kernels)}"
+        name = f"{self.symbol}_b{len(self.blocks)}"
         emitter = _BlockEmitter(block, name)
-        self.kernels.append(emitter.source())
+        self.blocks.append(emitter.source())
         smem = emitter.plan.smem_bytes
         args = [f"t{i}" for i in node.ins] + [f"t{v}" for v in node.outs]
         gx, gy, gz = block.grid

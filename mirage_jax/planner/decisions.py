@@ -3,27 +3,26 @@
 An entry is keyed by everything its answer depends on: the region's canonical text (shapes and
 dtypes included), the backend, the CPU ISA, the search configuration and the mirage_jax
 version. A second process start then skips search, verification and timing. Entries are JSON
-written atomically (temporary file + ``os.replace``), so concurrent processes never see half an
-entry; each carries a sha256 of its payload, and an entry that fails to parse or to check is
-reported, deleted and rebuilt, never used.
+files ``<key>.json`` in the store's ``decisions`` namespace, published atomically (see
+``mirage_jax.store``), so concurrent processes never see half an entry; each carries a sha256
+of its payload, and an entry that fails to parse or to check is reported, deleted and rebuilt,
+never used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mirage_jax.ir import KernelGraph, parse
-
-log = logging.getLogger("mirage_jax.cache")
+from mirage_jax.store import Namespace, StoreStats, namespace
+from mirage_jax.version import __version__
 
 FORMAT = 1
+_DECISIONS = namespace("decisions")
 
 
 @dataclass(frozen=True)
@@ -37,31 +36,21 @@ class Decision:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class CacheStats:
-    hits: int = 0
-    misses: int = 0
-    corrupt: int = 0
-    writes: int = 0
-
-
-_STATS = CacheStats()
-
-
-def cache_stats() -> CacheStats:
-    return _STATS
+def cache_stats() -> StoreStats:
+    """A snapshot of this process's decision-cache hits, misses, corrupt entries and writes."""
+    return _DECISIONS.stats()
 
 
 def decision_dir() -> Path:
-    from mirage_jax.codegen.build import cache_root
+    return _DECISIONS.directory
 
-    return cache_root() / "decisions"
+
+def _space(root: Path | None) -> Namespace:
+    return _DECISIONS if root is None else _DECISIONS.at(root)
 
 
 def decision_key(target: KernelGraph, **context: Any) -> str:
     """sha256 over the region text and every piece of context the decision depends on."""
-    from mirage_jax import __version__
-
     fields = {"region": target.fingerprint(), "version": __version__, **context}
     blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -72,21 +61,9 @@ def _payload_hash(payload: dict[str, Any]) -> str:
 
 
 def load(key: str, root: Path | None = None) -> Decision | None:
-    path = (root or decision_dir()) / f"{key}.json"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        _STATS.misses += 1
-        return None
-    try:
-        decision = _decode(text)
-    except Exception as err:  # any failure to decode means the entry cannot be trusted
-        _STATS.corrupt += 1
-        log.warning("cache entry %s is corrupt (%s); it is deleted and will be rebuilt", path, err)
-        path.unlink(missing_ok=True)
-        return None
-    _STATS.hits += 1
-    return decision
+    """The decision cached under ``key``, or None (missing, or corrupt and now deleted)."""
+    space = _space(root)
+    return space.load(space.entry(f"{key}.json"), lambda path: _decode(path.read_text()))
 
 
 def _decode(text: str) -> Decision:
@@ -102,8 +79,7 @@ def _decode(text: str) -> Decision:
 
 
 def store(key: str, decision: Decision, root: Path | None = None) -> Path:
-    root = root or decision_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    """Record ``decision`` under ``key``; returns the entry's path."""
     payload = {
         "graph": str(decision.graph) if decision.graph is not None else None,
         "reason": decision.reason,
@@ -112,10 +88,7 @@ def store(key: str, decision: Decision, root: Path | None = None) -> Path:
         "summary": decision.summary,
     }
     entry = {"format": FORMAT, "payload": payload, "sha256": _payload_hash(payload)}
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(entry, f, sort_keys=True)
-    path = root / f"{key}.json"
-    os.replace(tmp, path)
-    _STATS.writes += 1
+    space = _space(root)
+    path = space.entry(f"{key}.json")
+    space.publish_text(path, json.dumps(entry, sort_keys=True))
     return path

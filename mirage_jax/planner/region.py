@@ -1,9 +1,10 @@
 """Plan one region: pick a μGraph, compile it, verify it against XLA, time it, keep or fall back.
 
 A region becomes a custom call only when every step succeeds: the μGraph was found (or taken
-as is), it compiled, its outputs match XLA's on fresh random inputs, and, unless the user
-opted out, it ran faster than XLA's fusion of the same region in this process. Every other
-outcome keeps the region with XLA and records the reason for ``explain``.
+as is), it compiled on the region's backend, its outputs match XLA's on fresh random inputs,
+and, unless the user opted out, it ran faster than XLA's fusion of the same region in this
+process. Every other outcome keeps the region with XLA and records the reason for
+``explain``. Decisions are reused from a loaded kernel library or the on-disk cache.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from mirage_jax.cache import Decision, decision_key, load, store
+from mirage_jax.backend import Backend
 from mirage_jax.errors import MirageError
-from mirage_jax.ir import KernelGraph, Op, TensorType
-from mirage_jax.timing import compare
+from mirage_jax.interpret.numerics import dtype_name, output_error, sample_inputs
+from mirage_jax.ir import KernelGraph, Op
+from mirage_jax.planner import library
+from mirage_jax.planner.decisions import Decision, decision_key, load, store
+from mirage_jax.planner.search import superoptimize
+from mirage_jax.timing import compare, device_args
 
 log = logging.getLogger("mirage_jax")
-
-# Relative tolerance of a compiled region against XLA, by dtype, scaled by the output's size.
-TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-9}
 
 
 @dataclass
@@ -70,7 +72,9 @@ WIN_MARGIN = 1.05
 CLOSE_CALL = 1.15
 
 
-def plan_region(program: Any, region: Any, options: Any) -> RegionPlan:
+def plan_region(program: Any, region: Any, options: Any, backend: Backend) -> RegionPlan:
+    """The fate of ``region`` of ``program`` on ``backend`` under ``options`` (the api's
+    ``OptimizeOptions``)."""
     plan = RegionPlan(region.index, region.graph)
     if options.strategy == "xla":
         plan.reason = "strategy 'xla' keeps every region with XLA"
@@ -78,10 +82,10 @@ def plan_region(program: Any, region: Any, options: Any) -> RegionPlan:
     if not _has_compute(region.graph):
         plan.reason = "no compute ops"
         return plan
-    plan.key = decision_key(region.graph, **_decision_context(options))
+    plan.key = decision_key(region.graph, **_decision_context(options, backend))
     try:
-        if not _reuse(plan, options):
-            _decide(plan, program, region, options)
+        if not _reuse(plan, options, backend):
+            _decide(plan, program, region, options, backend)
             if options.cache:
                 store(plan.key, Decision(plan.graph if plan.impl else None, plan.reason,
                                          plan.mirage_s, plan.xla_s))  # fmt: skip
@@ -92,18 +96,14 @@ def plan_region(program: Any, region: Any, options: Any) -> RegionPlan:
     return plan
 
 
-def _decision_context(options: Any) -> dict[str, Any]:
-    from mirage_jax.codegen.isa import host_isa
-
-    return {"backend": current_backend(), "isa": host_isa(), "strategy": options.strategy,
+def _decision_context(options: Any, backend: Backend) -> dict[str, Any]:
+    return {**backend.cache_facts(), "strategy": options.strategy,
             "config": repr(options.config), "require_speedup": options.require_speedup,
             "numpy": np.__version__}  # fmt: skip
 
 
-def _reuse(plan: RegionPlan, options: Any) -> bool:
+def _reuse(plan: RegionPlan, options: Any, backend: Backend) -> bool:
     """Take the decision from a loaded kernel library or the on-disk cache: no search."""
-    from mirage_jax import library
-
     entry = library.lookup(plan.key)
     decision = entry.decision if entry else (load(plan.key) if options.cache else None)
     if decision is None:
@@ -113,15 +113,16 @@ def _reuse(plan: RegionPlan, options: Any) -> bool:
     plan.reason = decision.reason
     if decision.graph is not None:
         kernel = entry.kernel if entry and entry.kernel else None
-        plan.impl = _call(kernel, decision.graph) if kernel else compile_graph(decision.graph)
+        plan.impl = kernel or backend.compile(decision.graph)
     return True
 
 
-def _decide(plan: RegionPlan, program: Any, region: Any, options: Any) -> None:
-    plan.graph, plan.search_report = _choose_graph(region.graph, options)
-    impl = compile_graph(plan.graph)
+def _decide(plan: RegionPlan, program: Any, region: Any, options: Any, backend: Backend) -> None:
+    plan.graph, plan.search_report = _choose_graph(region.graph, options, backend)
+    impl = backend.compile(plan.graph)
     xla = program.region_callable(region.index)
-    args = random_inputs(region.graph.input_types, seed=region.index)
+    # on the device: timing numpy arguments would time the host-to-device copy
+    args = device_args(sample_inputs(region.graph.input_types, seed=region.index))
     if options.verify:
         _verify(impl, xla, args)
     # Timed even when speed is not required, so explain can report the ratio.
@@ -147,77 +148,26 @@ def _compare(impl: Callable[..., Any], xla: Callable[..., Any], args: Sequence[A
     return min(first, second, key=lambda t: t[1] / t[0])
 
 
-def current_backend() -> str:
-    """The backend regions compile for: the platform jax places arrays on by default."""
-    return "cuda" if jax.default_backend() == "gpu" else "cpu"
-
-
 def _has_compute(graph: KernelGraph) -> bool:
     return any(n.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE, Op.CAST) for n in graph.nodes)
 
 
-def _choose_graph(target: KernelGraph, options: Any) -> tuple[KernelGraph, Any]:
+def _choose_graph(target: KernelGraph, options: Any, backend: Backend) -> tuple[KernelGraph, Any]:
     if options.strategy == "as_is":
         return target, None
-    from mirage_jax.search import superoptimize
-
-    result = superoptimize(target, options.config)
+    result = superoptimize(target, options.config, backend=backend)
     return result.best, result.report
-
-
-def compile_graph(graph: KernelGraph) -> Callable[..., Any]:
-    """Emit, compile (cached by content) and register ``graph``; return a jax-traceable call."""
-    if current_backend() == "cuda":
-        from mirage_jax.runtime.cuda import compile_graph_cuda
-
-        return compile_graph_cuda(graph)
-    from mirage_jax.codegen.build import compile_shared_library
-    from mirage_jax.codegen.cpu import emit_cpu
-    from mirage_jax.runtime import load_kernel
-    from mirage_jax.search.calibrate import kernel_flags
-
-    symbol = "mj_" + graph.fingerprint()[:24]
-    lib = compile_shared_library(emit_cpu(graph, symbol), name_hint=symbol,
-                                 extra_flags=kernel_flags())  # fmt: skip
-    return _call(load_kernel(lib, symbol), graph)
-
-
-def _call(name: str, graph: KernelGraph) -> Callable[..., Any]:
-    from mirage_jax.runtime import kernel_call
-
-    out_avals = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in graph.output_types]
-
-    def call(*args: Any) -> Any:
-        return tuple(kernel_call(name, out_avals, *args))
-
-    return call
-
-
-def random_inputs(types: Sequence[TensorType], seed: int = 0) -> list[jax.Array]:
-    """Realistic random inputs: unit normals, which keep softmax and norms in range.
-
-    Returned on the device: timing numpy arguments would time the host-to-device copy.
-    """
-    rng = np.random.default_rng(seed)
-    return [jax.device_put(rng.standard_normal(t.shape).astype(t.dtype.numpy)) for t in types]
 
 
 def _verify(impl: Callable[..., Any], xla: Callable[..., Any], args: Sequence[Any]) -> None:
     got = jax.jit(impl)(*args)
     want = jax.jit(xla)(*args)
     for i, (g, w) in enumerate(zip(got, want)):
-        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
-        tol = TOLERANCE.get(_dtype_name(w), 2e-4) * max(1.0, float(np.max(np.abs(w64))))
-        err = float(np.max(np.abs(g64 - w64))) if g64.size else 0.0
+        # relative to the output's scale, at least 1: XLA's own rounding is absolute near 0
+        err, tol, _ = output_error(g, w, dtype_name(w), scale_floor=1.0)
         if not np.isfinite(err) or err > tol:
             raise MirageError(
                 f"compiled region output {i} differs from XLA by {err:.3g} (tolerance {tol:.3g})",
                 remedy="this is a mirage_jax bug; the region stays with XLA. Please report it "
                 "with mirage_jax.explain output",
             )
-
-
-def _dtype_name(x: Any) -> str:
-    return {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}.get(
-        np.dtype(x.dtype).name, "f32"
-    )

@@ -1,7 +1,8 @@
 """Which backend compiles a region: the jax device its inputs live on decides.
 
-``backend_for(x)`` takes jax arrays, numpy arrays, ``jax.Device``s or a sequence of them and
-returns ``"cuda"`` when they are on NVIDIA GPUs and ``"cpu"`` when they are on the host.
+``platform_for(x)`` takes jax arrays, numpy arrays, ``jax.Device``s or a sequence of them and
+returns ``"cuda"`` when they are on NVIDIA GPUs and ``"cpu"`` when they are on the host;
+``backend_for(x)`` returns that platform's ``Backend``, ``get_backend(name)`` one by name.
 Values that carry no device (numpy arrays, Python scalars, tracers, ``ShapeDtypeStruct``)
 follow ``jax.default_backend()``. Mixing CPU and GPU inputs, or inputs on a platform neither
 backend serves (TPU, ROCm), raises ``MirageError``: the region then stays with XLA.
@@ -12,12 +13,31 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
+import jax
+
+from mirage_jax.backend.base import Backend
+from mirage_jax.backend.cpu.backend import cpu_backend
+from mirage_jax.backend.cuda.backend import cuda_backend
 from mirage_jax.errors import MirageError
 
-Backend = Literal["cpu", "cuda"]
+Platform = Literal["cpu", "cuda"]
+_BACKENDS = {"cpu": cpu_backend, "cuda": cuda_backend}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name`` (``"cpu"`` or ``"cuda"``)."""
+    if name not in _BACKENDS:
+        raise MirageError(f"mirage_jax has no {name!r} backend",
+                          remedy=f"use one of {', '.join(_BACKENDS)}")  # fmt: skip
+    return _BACKENDS[name]()
 
 
 def backend_for(arrays_or_devices: Any) -> Backend:
+    """The backend for inputs on the given arrays' (or devices') platform."""
+    return get_backend(platform_for(arrays_or_devices))
+
+
+def platform_for(arrays_or_devices: Any) -> Platform:
     """``"cpu"`` or ``"cuda"`` for inputs on the given arrays' (or devices') platform."""
     items = _as_list(arrays_or_devices)
     found: set[str] = set()
@@ -50,8 +70,6 @@ def _as_list(x: Any) -> list[Any]:
 
 
 def _devices_of(item: Any) -> list[Any]:
-    import jax
-
     if isinstance(item, jax.Device) or (hasattr(item, "platform") and hasattr(item, "id")):
         return [item]  # a jax Device (or an object standing in for one)
     if isinstance(item, jax.core.Tracer):
@@ -74,12 +92,10 @@ def _platform_of(device: Any) -> str:
 
 
 def _default_platform() -> str:
-    import jax
-
     backend = jax.default_backend().lower()
     if backend in ("gpu", "cuda"):
         return _platform_of(jax.devices()[0])
     return backend
 
 
-__all__ = ["Backend", "backend_for"]
+__all__ = ["Platform", "backend_for", "get_backend", "platform_for"]

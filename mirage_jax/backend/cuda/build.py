@@ -11,16 +11,15 @@ Four kinds of artifact from one ``emit_cuda`` source:
   a GPU; see ``csrc/runtime/cuda/emu.h``).
 
 GPU builds target ``-arch=sm_90a`` (H100/H200) by default; ``arch="sm_80"`` builds for A100.
-Cache: ``cuda/`` under ``build.cache_root()`` (``$MIRAGE_JAX_CACHE_DIR``, else
-``$XDG_CACHE_HOME/mirage_jax``, else ``~/.cache/mirage_jax``). The key hashes the source, the
-compiler's version, the flags, the arch, the runtime headers and the package version.
-Concurrent builds of one key serialise on an ``fcntl`` lock; the artifact appears by atomic
-rename, so a reader never sees a partial file.
+Cache: the store's ``cuda`` namespace (``<cache root>/cuda/``, see ``mirage_jax.store``), one
+artifact ``<name>-<kind>-<key[:20]><suffix>`` beside its source (``.cu``) and its digest record
+(``.json``). The key hashes the source, the compiler's version, the flags, the arch, the
+runtime headers and the package version. The store serialises concurrent builds of one key,
+publishes the artifact atomically and checks its digest on every hit.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
@@ -28,17 +27,19 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
-from mirage_jax.errors import CompileError
+import jax
 
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]
-# An installed wheel carries the headers inside the package; a source checkout has csrc/.
-_HEADER_DIRS = (_PACKAGE_DIR / "_runtime_headers", _PACKAGE_DIR.parent / "csrc" / "runtime")
+from mirage_jax.backend.headers import runtime_include_dir as include_dir_with
+from mirage_jax.errors import CompileError
+from mirage_jax.store import namespace, write_text_atomic
+from mirage_jax.version import __version__
+
 ARCHS = ("sm_90a", "sm_80")
 KINDS = ("shared", "obj", "cubin", "ptx", "emu")
 NVCC_ENV = "MIRAGE_JAX_NVCC"
+_BUILDS = namespace("cuda")
 _SUFFIX = {"shared": ".so", "obj": ".o", "cubin": ".cubin", "ptx": ".ptx", "emu": ".so"}
 # ffi.h trips nvcc's "missing return" (940) and "always_inline ignored" (2473) diagnostics.
 _QUIET = ("-diag-suppress", "940,2473", "-Xcompiler", "-Wno-return-type")
@@ -84,11 +85,9 @@ def _tool_version(tool: str) -> str:
 @functools.cache
 def cuda_include_dirs(nvcc: str) -> tuple[str, ...]:
     """The toolkit's include directories, as nvcc reports them (for host emulation builds)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "probe.cu"
-        src.write_text("")
-        out = subprocess.run([nvcc, "--dryrun", "-c", str(src), "-o", str(src) + ".o"],
-                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    # --dryrun only prints the commands, so an empty input and no output file are enough
+    out = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     dirs = re.findall(r'INCLUDES="([^"]*)"', out.stdout + out.stderr)
     paths = [p[2:] for d in dirs for p in d.split() if p.startswith("-I")]
     return tuple(p for p in paths if (Path(p) / "cuda_fp16.h").is_file())
@@ -96,14 +95,7 @@ def cuda_include_dirs(nvcc: str) -> tuple[str, ...]:
 
 def runtime_include_dir() -> Path:
     """The include root of the runtime (generated code says ``#include "cuda/mj_cuda.cuh"``)."""
-    for candidate in _HEADER_DIRS:
-        if (candidate / "cuda" / "mj_cuda.cuh").is_file():
-            return candidate
-    raise CompileError(
-        "the mirage_jax CUDA runtime headers (cuda/mj_cuda.cuh) are missing from "
-        + " and ".join(str(d) for d in _HEADER_DIRS),
-        remedy="reinstall mirage_jax with `pip install .` so the wheel carries its headers",
-    )
+    return include_dir_with("cuda/mj_cuda.cuh")
 
 
 @functools.cache
@@ -118,9 +110,7 @@ def runtime_digest() -> str:
 
 def cache_dir() -> Path:
     """Where CUDA builds are cached: ``cuda/`` beside the CPU libraries (see ``build``)."""
-    from mirage_jax.codegen.build import cache_root
-
-    return cache_root() / "cuda"
+    return _BUILDS.directory
 
 
 def nvcc_command(kind: str, arch: str, src: Path, out: Path, nvcc: str) -> list[str]:
@@ -129,8 +119,6 @@ def nvcc_command(kind: str, arch: str, src: Path, out: Path, nvcc: str) -> list[
         raise CompileError(f"unknown CUDA arch {arch!r}", remedy=f"use one of {', '.join(ARCHS)}")
     base = [nvcc, f"-arch={arch}", "-O3", "-std=c++17", "-I", str(runtime_include_dir())]
     if kind == "shared":
-        import jax
-
         return [*base, "-shared", "-Xcompiler", "-fPIC", "-I", jax.ffi.include_dir(), *_QUIET,
                 str(src), "-o", str(out)]  # fmt: skip
     if kind in ("cubin", "ptx"):
@@ -169,16 +157,16 @@ def build_cuda(source: str, *, arch: str = "sm_90a", kind: str = "shared",
         compiler = _tool_version(nvcc)
     key = _key(source, compiler, cmd, arch if kind != "emu" else "host")
     name = re.sub(r"[^A-Za-z0-9_]", "_", name_hint)[:48]
-    out = cache_dir() / f"{name}-{kind}-{key[:20]}{_SUFFIX[kind]}"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if out.exists():  # another process built it while we waited
-            return out
-        _compile(source, cmd, probe_src, probe_out, out)
-    return out
+    out = _BUILDS.entry(f"{name}-{kind}-{key[:20]}{_SUFFIX[kind]}")
+
+    def build(tmp: Path) -> None:
+        _compile(source, cmd, probe_src, probe_out, out, tmp)
+
+    def record() -> dict[str, str]:
+        return {"key": key, "kind": kind, "arch": arch, "name_hint": name}
+
+    path, _ = _BUILDS.get_or_build(out, build, record)
+    return path
 
 
 def build_emulated(source: str, name_hint: str = "mj") -> Path:
@@ -187,35 +175,29 @@ def build_emulated(source: str, name_hint: str = "mj") -> Path:
 
 
 def _key(source: str, compiler: str, cmd: list[str], arch: str) -> str:
-    from mirage_jax import __version__
-
     blob = json.dumps({"source": source, "compiler": compiler, "cmd": cmd[1:], "arch": arch,
                        "runtime": runtime_digest(), "version": __version__})  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _compile(source: str, cmd: list[str], probe_src: Path, probe_out: Path, out: Path) -> None:
-    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=out.stem, suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
+def _compile(source: str, cmd: list[str], probe_src: Path, probe_out: Path, out: Path,
+             tmp: Path) -> None:  # fmt: skip
+    """Compile ``source`` into ``tmp``, which the store then publishes as ``out``."""
     src = out.with_suffix(".cu")  # kept beside the artifact: the first thing to read on failure
-    src.write_text(source)
+    write_text_atomic(src, source)
     argv = [str(src) if a == str(probe_src) else str(tmp) if a == str(probe_out) else a
             for a in cmd]  # fmt: skip
     try:
         res = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
-        tmp.unlink(missing_ok=True)
         raise CompileError(f"running {argv[0]} failed: {err}", remedy=_NO_NVCC_REMEDY) from err
     if res.returncode != 0:
-        tmp.unlink(missing_ok=True)
         log = (res.stderr + res.stdout).strip()
         raise CompileError(
             f"compiling generated CUDA failed ({Path(argv[0]).name} exit {res.returncode}); "
             f"source: {src}\n{log[-6000:]}",
             remedy="this is a mirage_jax bug: please report it with the source file above",
         )
-    os.replace(tmp, out)
 
 
 __all__ = [

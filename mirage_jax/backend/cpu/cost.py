@@ -4,7 +4,8 @@
 order verified candidates before the best few are compiled and timed for real. The CPU
 mapping (DESIGN.md §2): a kernel is one parallel region, a grid block is one task of the
 intra-op thread pool working on cache-resident tiles, the for-loop streams over a reduction
-dimension with accumulators in L1/L2, and a thread graph is one fused SIMD loop.
+dimension with accumulators in L1/L2, and a thread graph is one fused SIMD loop. What each
+kernel loads, stores and computes comes from ``backend.work``; this module prices it.
 
 Per graph-defined kernel:
 
@@ -31,7 +32,7 @@ Per graph-defined kernel:
 - working set: the live tiles of one block (operand tiles, intermediates, accumulators); past
   L2, copies and intermediates go to memory and back, past L1 intermediates stream through L2;
 - parallelism: a grid with fewer blocks than cores whose loop only folds mergeable
-  accumulators runs its loop split over the idle cores (``codegen.cpu.splits_loop``); blocks
+  accumulators runs its loop split over the idle cores (``backend.cpu.emit.splits_loop``); blocks
   (or parts) are spread over the cores in waves; the last wave may leave cores idle
   (``imbalance``), and every block and every iteration pays a small scheduling overhead.
 
@@ -42,9 +43,9 @@ under the longer (calibrated; an Ice Lake Xeon hides little of it). Kernel-level
 ``calibrate.host_model()`` measured on the host it runs on; the defaults here are one such
 machine (2 cores of an AMD EPYC Zen 5, ~40 GB/s of streaming reads, AVX-512 with two FMA
 pipes: the runtime's micro-kernel reaches ~230 GFLOP/s per core in cache, L1 48 KiB, L2 1 MiB
-per core, L3 32 MiB). The model orders candidates; the timing step decides.
-``benchmarks/search_table.py`` reports how well the model's order matches measurements (rank
-correlation).
+per core, L3 32 MiB), which ``estimate`` uses when given no model. The model orders
+candidates; the timing step decides. ``benchmarks/search_table.py`` reports how well the
+model's order matches measurements (rank correlation).
 """
 
 from __future__ import annotations
@@ -54,9 +55,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mirage_jax.codegen.cpu import reads_in_place, splits_loop
+from mirage_jax.backend.cpu.emit import reads_in_place, splits_loop
+from mirage_jax.backend.work import (
+    BlockWork,
+    NodeWork,
+    OpWork,
+    TileRead,
+    block_work,
+    contiguous_run,
+    kernel_costs,
+    totals,
+    working_set,
+)
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase
-from mirage_jax.ir.ops import ACCUMULATORS, ELEMENTWISE, REDUCTIONS, Op
+from mirage_jax.ir.ops import Op
 
 # Element operations per element of the ops that cost more than one vector op. Measured with
 # the runtime's float32 kernels (math.h) on 16 KiB rows in L1 on the 2-core Zen 5, against a
@@ -147,23 +159,12 @@ class CpuCost:
 
 
 def estimate(graph: KernelGraph, model: CpuModel | None = None) -> CpuCost:
-    """Predicted time of ``graph`` on ``model`` (default: this host, ``calibrate.host_model``)."""
-    if model is None:
-        from mirage_jax.search.calibrate import host_model  # it imports this module
-
-        model = host_model()
-    kernels: list[KernelCost] = []
-    k = 0
-    for node in graph.nodes:
-        if node.op is Op.GRAPH_DEF:
-            kernels.append(block_cost(node.attr("block"), model, what=f"graph_def #{k}"))
-            k += 1
-        elif node.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE):
-            kernels.append(_op_cost(graph, node, model))
-    return CpuCost(
-        sum(c.time_s for c in kernels), sum(c.bytes for c in kernels),
-        sum(c.flops for c in kernels), tuple(kernels),
-    )  # fmt: skip
+    """Predicted time of ``graph`` on ``model`` (default: ``DEFAULT_MODEL``; the search passes
+    this host's measured rates, ``calibrate.host_model()``)."""
+    m = DEFAULT_MODEL if model is None else model
+    kernels = kernel_costs(graph, lambda block, what: block_cost(block, m, what),
+                           lambda op: _op_cost(op, m))  # fmt: skip
+    return CpuCost(*totals(kernels), kernels)
 
 
 def _elem_cost(op: Op, size: int) -> float:
@@ -223,34 +224,27 @@ def _stream_efficiency(tile: tuple[int, ...], full: tuple[int, ...], itemsize: i
                        model: CpuModel) -> float:  # fmt: skip
     """Share of the memory bandwidth a loop-varying tile read achieves: its contiguous runs
     (the tile's rows, merged where the tile spans whole rows) against ``strip_ref_bytes``."""
-    run = itemsize
-    for t, f in zip(reversed(tile), reversed(full)):
-        run *= t
-        if t != f:
-            break
+    run = contiguous_run(tile, full, itemsize)
     return min(1.0, run / model.strip_ref_bytes) ** model.strip_exponent
 
 
-def _op_cost(graph: KernelGraph, node: Node, model: CpuModel) -> KernelCost:
-    ins = [graph.types[i] for i in node.ins]
-    outs = [graph.types[o] for o in node.outs]
-    nbytes = float(sum(t.nbytes for t in ins) + sum(t.nbytes for t in outs))
+def _op_cost(op: OpWork, model: CpuModel) -> KernelCost:
+    nbytes = op.bytes
     memory = nbytes / model.mem_bytes_per_s
-    if node.op is Op.MATMUL:
-        a, b = ins
-        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        flops = 2.0 * outs[0].size // n * n * k
-        compute = flops / (model.cores * _matmul_rate(m, n, model))
+    if op.matmul is not None:
+        b = op.ins[1]
+        flops = op.matmul.flops
+        compute = flops / (model.cores * _matmul_rate(op.matmul.m, op.matmul.n, model))
         # k::matmul's tasks read B in strips of GemmCfg::NB columns (matmul.h)
         nb = 4 * (4 if model.simd_lanes >= 16 else 2) * model.simd_lanes
-        strip = (*b.shape[:-1], min(n, nb))
+        strip = (*b.shape[:-1], min(op.matmul.n, nb))
         eff = _stream_efficiency(strip, b.shape, b.dtype.itemsize, model)
         memory += b.nbytes * (1.0 / eff - 1.0) / model.mem_bytes_per_s
     else:
-        flops = _elem_cost(node.op, max(t.size for t in ins + outs))
+        flops = _elem_cost(op.op, op.largest)
         compute = flops / (model.cores * model.vector_elems)
     t = model.launch_s + combined(memory, compute, model)
-    return KernelCost(node.op.value, t, nbytes, flops)
+    return KernelCost(op.op.value, t, nbytes, flops)
 
 
 def combined(memory: float, compute: float, model: CpuModel) -> float:
@@ -259,25 +253,21 @@ def combined(memory: float, compute: float, model: CpuModel) -> float:
     return max(memory, compute) + (1.0 - model.overlap) * min(memory, compute)
 
 
-def _node_flops(block: BlockGraph, node: Node, model: CpuModel) -> tuple[float, float]:
-    """(flops, seconds on one core) of one block node on its tiles, for one execution."""
-    types = block.types
-    if node.op is Op.MATMUL:
-        a, b = types[node.ins[0]], types[node.ins[1]]
-        out = types[node.outs[0]]
-        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        flops = 2.0 * (out.size // n) * n * k
-        return flops, flops / _matmul_rate(m, n, model) + _strided_rows(block, node, model)
+def _node_flops(block: BlockGraph, node: NodeWork, model: CpuModel) -> tuple[float, float]:
+    """(flops, seconds on one core) of one block node on its tiles, for one execution:
+    elementwise ops count one flop per element of their largest operand (a thread graph's,
+    of its output) and cost ``_ELEMENT_OPS`` element operations."""
+    if node.matmul is not None:
+        mm = node.matmul
+        return mm.flops, mm.flops / _matmul_rate(mm.m, mm.n, model) + _strided_rows(
+            block, node.node, model)  # fmt: skip
     if node.op is Op.THREAD:
-        inner = node.attr("graph")
-        size = types[node.outs[0]].size
-        ops = [n.op for n in inner.nodes if n.op in ELEMENTWISE]
-        work = sum(_elem_cost(op, size) for op in ops)
-        return float(len(ops) * size), work / model.vector_elems
-    if node.op in ELEMENTWISE or node.op in REDUCTIONS or node.op in ACCUMULATORS:
-        size = max(types[i].size for i in node.ins)
-        work = _elem_cost(node.op, size)
-        return float(size), work / model.vector_elems
+        size = node.out_elems
+        work = sum(_elem_cost(op, size) for op in node.element_ops)
+        return float(len(node.element_ops) * size), work / model.vector_elems
+    if node.element_ops:
+        work = _elem_cost(node.op, node.in_elems)
+        return float(node.in_elems), work / model.vector_elems
     return 0.0, 0.0
 
 
@@ -312,44 +302,27 @@ def _strided_rows(block: BlockGraph, node: Node, model: CpuModel) -> float:
 def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "graph_def"
                ) -> KernelCost:  # fmt: skip
     """The estimate for one graph-defined kernel (see the module docstring)."""
-    phases = block.phases()
-    R, blocks = block.forloop_range, block.num_blocks
+    work = block_work(block)
+    R, blocks = work.iterations, work.blocks
     # fewer blocks than cores: the runtime splits a loop of mergeable accumulators over the
     # idle cores (mj::for_each_block_split), else the idle cores stay idle
     parts = min(R, model.cores // blocks) if blocks < model.cores and splits_loop(block) else 1
     tasks = blocks * parts
-    read = copied = 0.0
-    stream_time = 0.0  # seconds of memory time of the tile reads
     # cores without a task do not pull memory either
     bandwidth = min(model.mem_bytes_per_s, min(tasks, model.cores) * model.core_mem_bytes_per_s)
-    for n in block.nodes_of(Op.INPUT_ITER):
-        ttype, full = block.types[n.outs[0]], block.arg_types[n.attr("arg")]
-        loops = R if n.attr("fdim") != -1 else 1
-        total = ttype.nbytes * loops * blocks
-        in_place = reads_in_place(block, n.outs[0])
-        if not in_place:
-            copied += total
-        unique = full.nbytes
-        rereads = max(0.0, total - unique)
-        factor = model.llc_reread if unique <= model.llc_bytes else 1.0
-        nbytes = min(total, unique) + rereads * factor
-        if in_place and loops == 1:
-            nbytes += _invariant_rereads(block, n, ttype.nbytes, tasks, model)
-        read += nbytes
-        eff = _stream_efficiency(ttype.shape, full.shape, ttype.dtype.itemsize, model)
-        stream_time += nbytes / (bandwidth * eff)
-    written = float(sum(t.nbytes for t in block.output_types))
+    read, copied, stream_time = _tile_reads(work, tasks, bandwidth, model)
+    written = float(work.written)
     flops = seconds = 0.0
     inter = 0.0  # bytes of intermediates produced per block (all iterations)
-    for node in block.nodes:
-        if node.op in (Op.INPUT_ITER, Op.OUTPUT_SAVER):
-            continue
-        times = R if phases[node.outs[0]] is Phase.BODY else 1
+    for node in work.nodes:
+        # accumulator updates (EPILOGUE) are charged once per block, not per iteration as
+        # the GPU model does: kept so that the estimates, and the ranking, stay as calibrated
+        times = R if node.phase is Phase.BODY else 1
         f, s = _node_flops(block, node, model)
         flops += f * times * blocks
         seconds += s * times * blocks
-        inter += block.types[node.outs[0]].nbytes * times
-    ws = working_set(block)
+        inter += node.out_bytes * times
+    ws = work.working_set
     extra_memory = 0.0
     if ws > model.l2_bytes:  # tile copies and intermediates go out to memory and back
         extra_memory = 2.0 * (copied + inter * blocks)
@@ -362,9 +335,7 @@ def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "
     efficiency = tasks / (waves * model.cores)
     seconds += copied / model.l2_bytes_per_s  # a load and a store per copied element
     if parts > 1:  # merging the parts' accumulators, in L2
-        acc_bytes = sum(block.types[n.outs[0]].nbytes for n in block.nodes
-                        if n.op in ACCUMULATORS)  # fmt: skip
-        seconds += 2.0 * acc_bytes * blocks * (parts - 1) / model.l2_bytes_per_s
+        seconds += 2.0 * work.accumulator_bytes * blocks * (parts - 1) / model.l2_bytes_per_s
     compute = seconds / model.cores / efficiency
     memory = stream_time + written / bandwidth
     overhead = (blocks * model.block_s + blocks * R * model.iteration_s) / model.cores
@@ -373,33 +344,41 @@ def block_cost(block: BlockGraph, model: CpuModel = DEFAULT_MODEL, what: str = "
     return KernelCost(what, t, read + written + extra_memory, flops, blocks, ws, 1.0 - efficiency)
 
 
-def _invariant_rereads(block: BlockGraph, node: Node, tile_bytes: int, tasks: int,
-                       model: CpuModel) -> float:  # fmt: skip
+def _tile_reads(work: BlockWork, tasks: int, bandwidth: float, model: CpuModel
+                ) -> tuple[float, float, float]:  # fmt: skip
+    """(bytes from memory, bytes copied into local tiles, seconds of memory time) of the
+    kernel's tile reads: re-reads of an LLC-resident tensor cost ``llc_reread``, short runs
+    stream slower, and the emitter copies every tile it does not read in place."""
+    read = copied = 0.0
+    stream_time = 0.0
+    for r in work.reads:
+        total = r.total
+        in_place = reads_in_place(work.block, r.value)
+        if not in_place:
+            copied += total
+        factor = model.llc_reread if r.unique <= model.llc_bytes else 1.0
+        nbytes = min(total, r.unique) + r.rereads * factor
+        if in_place and r.loads == 1:
+            nbytes += _invariant_rereads(work, r, tasks, model)
+        read += nbytes
+        eff = _stream_efficiency(r.tile.shape, r.tensor.shape, r.tile.dtype.itemsize, model)
+        stream_time += nbytes / (bandwidth * eff)
+    return read, copied, stream_time
+
+
+def _invariant_rereads(work: BlockWork, tile: TileRead, tasks: int, model: CpuModel) -> float:
     """Bytes from memory of the iterations after the first reading a loop-invariant tile
     that matmuls in the loop body read in place: the matmul streams it from the tensor every
     iteration, so a tile past L2 comes from the LLC again or, past that, from memory
     (rmsnorm_linear bs=1 looping over x's 2 rows against a 48 MiB weight strip measured 1.8x
     of the one-iteration grid that the model had tied with it)."""
-    R = block.forloop_range
-    phases = block.phases()
-    in_body = any(phases[u.outs[0]] is Phase.BODY for u in block.users(node.outs[0]))
-    if R == 1 or not in_body or tile_bytes <= model.l2_bytes // 2:
+    R = work.iterations
+    tile_bytes = tile.tile.nbytes
+    if R == 1 or not tile.used_in_loop or tile_bytes <= model.l2_bytes // 2:
         return 0.0
     live = tile_bytes * min(tasks, model.cores)  # what the cores' tiles hold of the LLC
     factor = model.llc_reread if live <= model.llc_bytes // 2 else 1.0
-    return float(tile_bytes) * (R - 1) * block.num_blocks * factor
-
-
-def working_set(block: BlockGraph) -> int:
-    """Bytes of the tiles one block holds at once: every non-fused value of the block."""
-    total = 0
-    for node in block.nodes:
-        if node.op is Op.OUTPUT_SAVER:
-            continue
-        for o in node.outs:
-            total += block.types[o].nbytes
-    return total
-
+    return float(tile_bytes) * (R - 1) * work.blocks * factor
 
 
 __all__ = ["DEFAULT_MODEL", "CpuCost", "CpuModel", "KernelCost", "block_cost", "combined",

@@ -3,8 +3,9 @@
 The pipeline for one set of argument shapes is ``_build_plan``; read it top to bottom:
 
 1. trace the function to a jaxpr and cut it into regions of supported ops (``frontend``);
-2. for every region, find a μGraph (``lower``: the superoptimizer by default), compile it for
-   the CPU, check it against XLA on random inputs and time both in this process;
+2. pick the backend from the device the arguments live on (``backend_for``); for every
+   region, find a μGraph (``planner``: the superoptimizer by default), compile it for that
+   backend, check it against XLA on random inputs and time both in this process;
 3. keep the custom call only where it is verified and faster, else leave the region to XLA
    and record why;
 4. jit the whole function with the kept regions as custom calls (``TracedProgram.run``).
@@ -24,7 +25,8 @@ import jax
 
 from mirage_jax.errors import MirageError
 from mirage_jax.frontend import TracedProgram, trace
-from mirage_jax.lowering import RegionPlan, plan_region
+from mirage_jax.backend import Backend, backend_for
+from mirage_jax.planner.region import RegionPlan, plan_region
 
 log = logging.getLogger("mirage_jax")
 
@@ -39,7 +41,7 @@ class OptimizeOptions:
     require_speedup: bool = True  # keep a custom call only if it beats XLA in this process
     verify: bool = True  # check every compiled region against XLA on random inputs
     cache: bool = True  # reuse and record decisions in the on-disk cache
-    config: Any = None  # mirage_jax.config.SearchConfig or None for the defaults
+    config: Any = None  # mirage_jax.search.config.SearchConfig or None for the defaults
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -58,6 +60,7 @@ class Plan:
     """
 
     program: TracedProgram
+    backend: Backend
     regions: tuple[RegionPlan, ...]
     traceable: Callable[..., Any]
     jitted: Callable[..., Any]
@@ -177,20 +180,23 @@ def _build_plan(
     # search, verification and timing run on concrete random inputs and must run now, not be
     # staged into the user's trace (tracing itself stays outside: under compile-time eval,
     # jnp.mean's divisor would become a captured constant instead of a literal)
+    backend = backend_for(jax.tree_util.tree_leaves(
+        [a for i, a in enumerate(args) if i not in static_argnums]))  # fmt: skip
     with jax.ensure_compile_time_eval():
-        regions = tuple(plan_region(program, region, options) for region in program.regions)
+        regions = tuple(plan_region(program, region, options, backend)
+                        for region in program.regions)  # fmt: skip
     impls = {p.index: p.impl for p in regions if p.impl is not None}
     for p in regions:
         log.info("%s", p.describe())
 
     if not impls:
         xla = _xla_call(fn, args, static_argnums)
-        return Plan(program, regions, xla, xla)
+        return Plan(program, backend, regions, xla, xla)
 
     def run(*dynamic: Any) -> Any:
         return program.run(*dynamic, region_impls=impls)
 
-    return Plan(program, regions, run, jax.jit(run))
+    return Plan(program, backend, regions, run, jax.jit(run))
 
 
 def _xla_call(fn: Callable[..., Any], args: Sequence[Any], static_argnums: tuple[int, ...]

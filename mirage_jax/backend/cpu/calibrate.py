@@ -13,11 +13,13 @@ and a model tuned on one misorders the candidates of the other before the timing
 them.
 
 The probe compiles once (the library cache) and runs for well under a second; its figures are
-cached as JSON under ``<cache root>/calibration/``, keyed by the probe library (source,
-compiler, flags, ISA, runtime headers) and the CPU's model name and core count, so a new host
-or a new runtime measures again. A file lock keeps concurrent processes from measuring at the
-same time (they would measure each other). ``MIRAGE_JAX_CALIBRATE=0`` uses the built-in
-defaults (``cost.DEFAULT_MODEL``), as does any failure to build or run the probe (logged).
+cached as JSON in the store's ``calibration`` namespace (``<cache root>/calibration/``), keyed
+by the probe library (source, compiler, flags, ISA, runtime headers) and the CPU's model name
+and core count, so a new host or a new runtime measures again. The key's lock keeps concurrent
+processes from measuring at the same time (they would measure each other); a cached file that
+does not hold every figure is deleted and measured again. ``MIRAGE_JAX_CALIBRATE=0`` uses the
+built-in defaults (``cost.DEFAULT_MODEL``), as does any failure to build or run the probe
+(logged).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import math
 import os
 from pathlib import Path
 
-from mirage_jax.codegen.build import atomic_write, cache_root, compile_shared_library, key_lock
-from mirage_jax.codegen.isa import read_cpuinfo
+from mirage_jax.backend.cpu.build import compile_shared_library
+from mirage_jax.backend.cpu.cost import DEFAULT_MODEL, CpuModel
+from mirage_jax.backend.cpu.isa import read_cpuinfo
 from mirage_jax.errors import MirageError
-from mirage_jax.search.cost import DEFAULT_MODEL, CpuModel
+from mirage_jax.store import namespace
 
 CALIBRATE_ENV = "MIRAGE_JAX_CALIBRATE"
 _SYMBOL = "mj_calibrate"
@@ -57,6 +60,7 @@ _PREFETCH_MAX_RUN = 5120  # bytes per row of a strip, where long rows stream bet
 _STRIP_LONG_BYTES, _STRIP_SHORT_BYTES = 12 * 1024, 1024
 
 log = logging.getLogger("mirage_jax.search")
+_CALIBRATION = namespace("calibration")
 
 
 def calibration_enabled() -> bool:
@@ -78,16 +82,24 @@ def host_model() -> CpuModel:
 def measurements() -> dict[str, float]:
     """The probe's figures for this host, from the cache or measured now."""
     lib = compile_shared_library(_SOURCE, name_hint="calibrate")
-    path = cache_root() / "calibration" / f"{_host_key(lib.key)}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with key_lock(path.with_suffix(".lock")):
-        if path.is_file():  # another process measured while we waited
-            return json.loads(path.read_text())
-        figures = _run_probe(lib.path)
-        atomic_write(path, json.dumps(figures, indent=1) + "\n")
-    log.info("CPU cost model calibrated: %s", _describe(figures))
+    path = _CALIBRATION.entry(f"{_host_key(lib.key)}.json")
+
+    def measure() -> None:
+        _CALIBRATION.publish_text(path, json.dumps(_run_probe(lib.path), indent=1) + "\n")
+
+    figures, measured = _CALIBRATION.get_or_create(path, _read_figures, measure)
+    if measured:
+        log.info("CPU cost model calibrated: %s", _describe(figures))
+    return figures
+
+
+def _read_figures(path: Path) -> dict[str, float]:
+    """The cached figures; ValueError when the file does not hold exactly the probe's fields."""
+    figures = json.loads(path.read_text())
+    if not isinstance(figures, dict) or set(figures) != set(_FIELDS):
+        raise ValueError(f"expected the probe's {len(_FIELDS)} fields")
+    if not all(type(v) in (int, float) for v in figures.values()):
+        raise ValueError("a figure is not a number")
     return figures
 
 

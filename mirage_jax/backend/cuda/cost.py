@@ -3,7 +3,8 @@
 ``estimate(graph, spec)`` predicts the run time of a kernel graph on an H100/H200-class GPU
 and rejects candidates the hardware cannot run, with the reason. It reads each block graph's
 ``plan_block`` - the exact shared-memory layout, thread count and register accumulators the
-CUDA emitter will use - so the model and the generated code agree on what a block needs.
+CUDA emitter will use - so the model and the generated code agree on what a block needs, and
+prices the work (``backend.work``) of the block graph that plan runs.
 
 Per block graph (one kernel launch):
 
@@ -30,10 +31,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mirage_jax.codegen.cuda import BlockPlan, plan_block
-from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase
+from mirage_jax.backend.cuda.emit import BlockPlan, plan_block
+from mirage_jax.backend.work import BlockWork, OpWork, block_work, kernel_costs, totals
+from mirage_jax.ir.graph import BlockGraph, KernelGraph, Phase
 from mirage_jax.ir.ops import ACCUMULATORS, BINARY, ELEMENTWISE, REDUCTIONS, UNARY, Op
-from mirage_jax.ir.types import DType, TensorType
+from mirage_jax.ir.types import DType
 
 _TRANSCENDENTAL = frozenset(
     {Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.SILU, Op.GELU, Op.TANH, Op.ERF,
@@ -115,19 +117,12 @@ class GpuCost:
 
 def estimate(graph: KernelGraph, spec: GpuSpec = H200) -> GpuCost:
     """Predicted time of ``graph`` on ``spec``; infeasible graphs get ``time_s = inf``."""
-    kernels: list[KernelCost] = []
-    k = 0
-    for node in graph.nodes:
-        if node.op is Op.GRAPH_DEF:
-            kernels.append(block_cost(node.attr("block"), spec, what=f"graph_def #{k}"))
-            k += 1
-        elif node.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE):
-            kernels.append(_op_cost(graph, node, spec))
+    kernels = kernel_costs(graph, lambda block, what: block_cost(block, spec, what),
+                           lambda op: _op_cost(op, spec))  # fmt: skip
+    time, nbytes, flops = totals(kernels)
     bad = [kc for kc in kernels if not kc.feasible]
     reason = "; ".join(f"{kc.what}: {kc.reason}" for kc in bad) or None
-    time = math.inf if bad else sum(kc.time_s for kc in kernels)
-    return GpuCost(time, sum(kc.bytes for kc in kernels), sum(kc.flops for kc in kernels),
-                   tuple(kernels), reason)  # fmt: skip
+    return GpuCost(math.inf if bad else time, nbytes, flops, kernels, reason)
 
 
 def reject_reason(block: BlockGraph, spec: GpuSpec = H200) -> str | None:
@@ -143,30 +138,32 @@ def registers_per_thread(plan: BlockPlan) -> int:
 
 def block_cost(block: BlockGraph, spec: GpuSpec = H200, what: str = "graph_def") -> KernelCost:
     plan = plan_block(block)
-    g = plan.graph
+    work = block_work(plan.graph)  # the graph the emitter runs: elementwise chains fused
     nt, smem = plan.threads, plan.smem_bytes
     regs = registers_per_thread(plan)
-    blocks = g.num_blocks
-    reason = _infeasible(g, nt, smem, regs, spec)
+    blocks = work.blocks
+    reason = _infeasible(work.grid, nt, smem, regs, spec)
     if reason is not None:
         return KernelCost(what, math.inf, 0.0, 0.0, blocks, nt, smem, regs, 0, reason)
     per_sm = _blocks_per_sm(nt, smem, regs, spec)
-    nbytes = _block_bytes(g, spec)
-    tc_flops, fma_flops = _block_flops(g, plan)
+    nbytes = _block_bytes(work, spec)
+    tc_flops, fma_flops = _block_flops(work, plan)
     sm_used = min(blocks, spec.sms)
     bw = spec.hbm_bytes_per_s * min(1.0, sm_used / (0.5 * spec.sms))
     waves = math.ceil(blocks / (spec.sms * per_sm))
     fill = blocks / (waves * spec.sms * per_sm)
-    fma_rate = spec.f64_flops if _has_f64(g) else spec.f32_flops
+    fma_rate = spec.f64_flops if work.has_f64 else spec.f32_flops
     compute = (tc_flops / spec.tensor_flops + fma_flops / fma_rate) / max(fill, 1 / spec.sms)
-    barriers = _barriers_per_iteration(g)
+    barriers = _barriers_per_iteration(work)
     hide = 0.5 if plan.double_buffered else 1.0
-    latency = waves * g.forloop_range * (barriers * spec.barrier_s + hide * spec.memory_latency_s)
+    latency = waves * work.iterations * (barriers * spec.barrier_s
+                                         + hide * spec.memory_latency_s)  # fmt: skip
     time = spec.launch_s + max(nbytes / bw, compute, latency)
     return KernelCost(what, time, nbytes, tc_flops + fma_flops, blocks, nt, smem, regs, per_sm)
 
 
-def _infeasible(g: BlockGraph, nt: int, smem: int, regs: int, spec: GpuSpec) -> str | None:
+def _infeasible(grid: tuple[int, int, int], nt: int, smem: int, regs: int, spec: GpuSpec
+                ) -> str | None:  # fmt: skip
     if smem > spec.smem_per_block:
         return (f"needs {smem / 1024:.1f} KiB of shared memory per block; {spec.name} allows "
                 f"{spec.smem_per_block // 1024} KiB (use a larger grid or forloop range)")
@@ -176,8 +173,8 @@ def _infeasible(g: BlockGraph, nt: int, smem: int, regs: int, spec: GpuSpec) -> 
     if regs * nt > spec.regs_per_block:
         return (f"needs about {regs * nt} registers per block ({nt} threads x {regs}); the "
                 f"limit is {spec.regs_per_block}")
-    if g.grid[1] > 65535 or g.grid[2] > 65535:
-        return f"grid {g.grid} exceeds 65535 blocks on y or z"
+    if grid[1] > 65535 or grid[2] > 65535:
+        return f"grid {grid} exceeds 65535 blocks on y or z"
     return None
 
 
@@ -189,84 +186,65 @@ def _blocks_per_sm(nt: int, smem: int, regs: int, spec: GpuSpec) -> int:
     return max(1, min(limits))
 
 
-def _block_bytes(g: BlockGraph, spec: GpuSpec) -> float:
-    reads: dict[int, float] = {}
-    phases = g.phases()
-    for n in g.nodes_of(Op.INPUT_ITER):
-        v = n.outs[0]
-        times = g.forloop_range if phases[v] is Phase.BODY else 1
-        arg = n.attr("arg")
-        reads[arg] = reads.get(arg, 0.0) + g.types[v].nbytes * times * g.num_blocks
+def _block_bytes(work: BlockWork, spec: GpuSpec) -> float:
+    """HBM bytes: each input once, its re-reads at a tenth while it fits in L2; outputs once."""
     total = 0.0
-    for arg, read in reads.items():
-        unique = g.arg_types[arg].nbytes
+    for arg, read in work.reads_by_input().items():
+        unique = work.block.arg_types[arg].nbytes
         again = max(0.0, read - unique)
         total += unique + again * (0.1 if unique <= spec.l2_bytes else 1.0)
-    return total + sum(t.nbytes for t in g.output_types)
+    return total + work.written
 
 
-def _op_flops(t: TensorType, op: Op) -> float:
-    return t.size * (8 if op in _TRANSCENDENTAL else 1)
+def _op_flops(elements: int, op: Op) -> float:
+    return elements * (8 if op in _TRANSCENDENTAL else 1)
 
 
-def _block_flops(g: BlockGraph, plan: BlockPlan) -> tuple[float, float]:
+def _block_flops(work: BlockWork, plan: BlockPlan) -> tuple[float, float]:
     """(tensor-core flops, FMA flops) over all blocks and iterations."""
-    phases = plan.phases
     tc = fma = 0.0
-    for n in g.nodes:
-        if not n.outs:
-            continue
-        times = g.forloop_range if phases[n.outs[0]] is Phase.BODY or n.op in ACCUMULATORS else 1
-        out = g.types[n.outs[0]]
-        if n.op is Op.MATMUL:
-            flops = 2.0 * out.size * g.types[n.ins[0]].shape[-1]
-            if plan.matmuls[n.outs[0]].tensor_cores:
-                tc += flops * times
+    for n in work.nodes:
+        # accumulators update every iteration
+        times = work.iterations if n.phase is Phase.BODY or n.op in ACCUMULATORS else 1
+        if n.matmul is not None:
+            if plan.matmuls[n.value].tensor_cores:
+                tc += n.matmul.flops * times
             else:
-                fma += flops * times
+                fma += n.matmul.flops * times
         elif n.op is Op.THREAD:
-            inner = n.attr("graph")
-            fma += times * sum(_op_flops(out, tn.op) for tn in inner.nodes if tn.op in ELEMENTWISE)
+            fma += times * sum(_op_flops(n.out_elems, op) for op in n.element_ops)
         elif n.op in ELEMENTWISE or n.op in ACCUMULATORS:
-            fma += times * _op_flops(out, n.op)
+            fma += times * _op_flops(n.out_elems, n.op)
         elif n.op in REDUCTIONS:
-            fma += times * g.types[n.ins[0]].size
-    return tc * g.num_blocks, fma * g.num_blocks
+            fma += times * n.in_elems
+    return tc * work.blocks, fma * work.blocks
 
 
-def _barriers_per_iteration(g: BlockGraph) -> int:
-    phases = g.phases()
-    body = [n for n in g.nodes
-            if (n.outs and phases[n.outs[0]] is Phase.BODY) or n.op in ACCUMULATORS]  # fmt: skip
-    return 2 + len(body) + sum(n.op is Op.ACC_RESCALE_SUM for n in body) * 2
+def _barriers_per_iteration(work: BlockWork) -> int:
+    return 2 + len(work.loop_ops) + work.loop_ops.count(Op.ACC_RESCALE_SUM) * 2
 
 
-def _has_f64(g: BlockGraph) -> bool:
-    return any(t.dtype is DType.F64 for t in g.types)
-
-
-def _op_cost(graph: KernelGraph, node: Node, spec: GpuSpec) -> KernelCost:
-    ins = [graph.types[i] for i in node.ins]
-    outs = [graph.types[o] for o in node.outs]
-    nbytes = float(sum(t.nbytes for t in ins) + sum(t.nbytes for t in outs))
+def _op_cost(op: OpWork, spec: GpuSpec) -> KernelCost:
+    ins, outs = op.ins, op.outs
+    nbytes = op.bytes
     fma_rate = spec.f64_flops if any(t.dtype is DType.F64 for t in ins) else spec.f32_flops
-    if node.op is Op.MATMUL:
+    if op.matmul is not None:
         a, b = ins
-        flops = 2.0 * outs[0].size * a.shape[-1]
+        flops = op.matmul.flops
         # A is re-read per 64-column tile of C, B per 64-row tile (through L2 when it fits)
         rereads = a.nbytes * (math.ceil(b.shape[-1] / 64) - 1) + b.nbytes * (
             math.ceil(a.shape[-2] / 64) - 1
         )
         nbytes += rereads * (0.1 if a.nbytes + b.nbytes <= spec.l2_bytes else 1.0)
         compute = flops / (0.5 * fma_rate)
-    elif node.op in UNARY or node.op in BINARY or node.op is Op.CAST:
-        flops = _op_flops(outs[0], node.op)
+    elif op.op in UNARY or op.op in BINARY or op.op is Op.CAST:
+        flops = _op_flops(outs[0].size, op.op)
         compute = flops / fma_rate
     else:
-        flops = float(sum(t.size for t in ins))
+        flops = float(op.in_elems)
         compute = flops / fma_rate
     time = spec.launch_s + max(nbytes / spec.hbm_bytes_per_s, compute)
-    return KernelCost(node.op.value, time, nbytes, flops)
+    return KernelCost(op.op.value, time, nbytes, flops)
 
 
 __all__ = [

@@ -14,52 +14,50 @@ instantiates. The layout of the translation unit:
   ``cpu/abi.h``: views of the input and output buffers, kernel-level ops over whole tensors
   (``mj::k::...``, split over the caller's pool), graph-defined kernels run over all grid
   blocks with ``mj::for_each_block``. Intermediate tensors live in a workspace allocated once
-  per kernel and reused; a reshape is an alias; an output is written in place by its producer.
+  per kernel and reused; a reshape is an alias; an output is written in place by its producer
+  (the storage plan of ``mirage_jax.backend.emit``, shared with the CUDA backend).
 
 Only float32 and float64 are emitted; other dtypes raise ``CompileError`` naming op and dtype.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from mirage_jax.backend.emit import (
+    BINARY_FUNCTOR,
+    SECTION,
+    UNARY_FUNCTOR,
+    KernelEmitter,
+    Template,
+    check_request,
+    check_table,
+    fusable_matmuls,
+    indent,
+    literal,
+    lookup,
+    node_text,
+    op_group,
+    shape_type,
+    thread_steps,
+)
 from mirage_jax.errors import CompileError
 from mirage_jax.ir.fuse import fuse_elementwise
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase, ThreadGraph
-from mirage_jax.ir.ops import ACCUMULATORS, BINARY, NONE_DIM, REDUCTIONS, UNARY, Op
+from mirage_jax.ir.ops import ACCUMULATORS, NONE_DIM, REDUCTIONS, Op
 from mirage_jax.ir.types import DType, TensorType
 
 _CTYPE = {DType.F32: "float", DType.F64: "double"}
-_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ALIGN = 64
 _KERNEL_PARAMS = "const void* const* inputs, void* const* outputs, const mj_pool* pool"
 # Tiles of one block beyond this many bytes go to thread-local storage instead of the stack.
 _STACK_FRAME_LIMIT = 256 * 1024
 
 
-@dataclass(frozen=True)
-class Template:
-    """What an op instantiates: a runtime entry point and, where it takes one, a functor.
-
-    ``fn`` is called as ``mj::<fn>(...)`` inside a block and ``mj::k::<fn>(pool, ...)`` in the
-    kernel; ``functor`` is the op functor (``mj::op::*``), reducer (``mj::*R``) or accumulator
-    state type the entry point is instantiated with.
-    """
-
-    fn: str
-    functor: str = ""
-
-
-_UNARY_FUNCTOR = {
-    Op.EXP: "Exp", Op.LOG: "Log", Op.SQUARE: "Square", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt",
-    Op.SIGMOID: "Sigmoid", Op.SILU: "Silu", Op.GELU: "Gelu", Op.TANH: "Tanh", Op.ERF: "Erf",
-    Op.RELU: "Relu", Op.NEG: "Neg", Op.RECIPROCAL: "Reciprocal", Op.MUL_SCALAR: "MulScalar",
-    Op.ADD_SCALAR: "AddScalar", Op.POW_SCALAR: "PowScalar",
-}  # fmt: skip
-_BINARY_FUNCTOR = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MAX: "Max"}
+# A Template's ``fn`` is called as ``mj::<fn>(...)`` inside a block and ``mj::k::<fn>(pool, ...)``
+# in the kernel; its ``functor`` is the op functor (``mj::op::*``), reducer (``mj::*R``) or
+# accumulator state type the entry point is instantiated with.
 _REDUCER = {Op.REDUCE_SUM: "SumR", Op.REDUCE_MAX: "MaxR", Op.REDUCE_MEAN: "MeanR",
             Op.REDUCE_RMS: "RmsR"}  # fmt: skip
 _ACCUMULATOR = {Op.ACC_SUM: "AccSum", Op.ACC_MEAN: "AccMean", Op.ACC_MAX: "AccMax",
@@ -77,14 +75,12 @@ TABLE: dict[Op, Template] = {
     Op.CAST: Template("map", "mj::op::Cast"),
     Op.MATMUL: Template("matmul"),  # matmul_acc when it feeds an acc_sum directly
     Op.CONCAT: Template("concat"),
-    **{op: Template("map", f"mj::op::{name}") for op, name in _UNARY_FUNCTOR.items()},
-    **{op: Template("map", f"mj::op::{name}") for op, name in _BINARY_FUNCTOR.items()},
+    **{op: Template("map", f"mj::op::{name}") for op, name in UNARY_FUNCTOR.items()},
+    **{op: Template("map", f"mj::op::{name}") for op, name in BINARY_FUNCTOR.items()},
     **{op: Template("reduce", f"mj::{name}") for op, name in _REDUCER.items()},
     **{op: Template("update", f"mj::{name}") for op, name in _ACCUMULATOR.items()},
 }
-_missing = set(Op) - set(TABLE)
-if _missing:  # pragma: no cover - guards the table against a new Op without a template
-    raise RuntimeError(f"ops without a CPU template: {_missing}")
+check_table(TABLE, "CPU")
 
 
 def reads_in_place(block: BlockGraph, value: int) -> bool:
@@ -129,13 +125,7 @@ def splits_loop(block: BlockGraph) -> bool:
 
 def emit_cpu(graph: KernelGraph, symbol: str) -> str:
     """C++ source defining ``extern "C" int <symbol>(inputs, outputs, pool)`` for ``graph``."""
-    if not isinstance(graph, KernelGraph):
-        raise CompileError(f"emit_cpu needs a KernelGraph, got {type(graph).__name__}")
-    if not _SYMBOL.fullmatch(symbol):
-        raise CompileError(
-            f"kernel symbol {symbol!r} is not a C identifier",
-            remedy="use letters, digits and underscores, not starting with a digit",
-        )
+    check_request(graph, symbol, "emit_cpu")
     return _KernelEmitter(graph, symbol).source()
 
 
@@ -151,8 +141,7 @@ def _ctype(t: TensorType, op: Op) -> str:
     return _CTYPE[t.dtype]
 
 
-def _shape(shape: tuple[int, ...]) -> str:
-    return f"mj::Shape<{','.join(map(str, shape))}>"
+_shape = shape_type
 
 
 def _map(m: tuple[int, ...]) -> str:
@@ -160,12 +149,7 @@ def _map(m: tuple[int, ...]) -> str:
 
 
 def _literal(x: float) -> str:
-    if math.isnan(x):
-        return "mj::kNaN"
-    if math.isinf(x):
-        return "mj::kInf" if x > 0 else "-mj::kInf"
-    text = repr(float(x))
-    return text if any(c in text for c in ".en") else text + ".0"
+    return literal(x, nan="mj::kNaN", inf="mj::kInf")
 
 
 def _functor(node: Node, types: tuple[TensorType, ...]) -> str:
@@ -188,13 +172,9 @@ def _functor(node: Node, types: tuple[TensorType, ...]) -> str:
 def _thread_lambda(graph: ThreadGraph) -> str:
     """A generic lambda evaluating the fused chain; called on SIMD vectors and on scalars."""
     params = ", ".join(f"auto x{n.outs[0]}" for n in graph.inputs)
-    stmts, result = [], None
-    for n in graph.nodes:
-        if n.op is Op.INPUT:
-            continue
-        if n.op is Op.OUTPUT:
-            result = n.ins[0]
-            continue
+    stmts = []
+    steps, result = thread_steps(graph)
+    for n in steps:
         if n.op not in TABLE or TABLE[n.op].fn != "map":
             raise CompileError(f"CPU backend: {n.op.value} cannot appear in a thread graph")
         args = ", ".join(f"x{i}" for i in n.ins)
@@ -206,17 +186,6 @@ def _thread_lambda(graph: ThreadGraph) -> str:
         fn = "\n".join([f"[]({params}) {{", *("  " + s for s in stmts), "}"])
     # A cast inside changes the element type mid-chain: run it on scalars only.
     return f"mj::ScalarOnly{{{fn}}}" if graph.nodes_of(Op.CAST) else fn
-
-
-def _indent(stmts: list[str], prefix: str) -> list[str]:
-    return [prefix + line for stmt in stmts for line in stmt.split("\n")]
-
-
-def _node_text(graph: BlockGraph | KernelGraph, node: Node) -> str:
-    outs = ", ".join(f"%{o}" for o in node.outs)
-    ins = ", ".join(f"%{i}" for i in node.ins)
-    head = f"{outs} = " if outs else ""
-    return f"{head}{node.op.value}({ins})"
 
 
 def _check_dtypes(graph: BlockGraph | KernelGraph | ThreadGraph) -> None:
@@ -235,115 +204,68 @@ def _check_dtypes(graph: BlockGraph | KernelGraph | ThreadGraph) -> None:
 # ---------------------------------------------------------------------------- kernel level
 
 
-class _KernelEmitter:
-    def __init__(self, graph: KernelGraph, symbol: str) -> None:
-        self.g = graph
-        self.symbol = symbol
-        self.blocks: list[str] = []
-        self.lines: list[str] = []
-        self.name: dict[int, str] = {}
-        self.workspace = 0  # bytes
-        self.alias: dict[int, int] = {}  # reshape result -> the value whose memory it is
-        self.input_index: dict[int, int] = {}
-        self.output_of: dict[int, int] = {}  # value -> the output buffer it is computed in
-        self.copy_to: dict[int, int] = {}  # OUTPUT node position -> output number to copy into
-        self.offset: dict[int, int] = {}  # value -> workspace byte offset
+class _KernelEmitter(KernelEmitter):
+    """The exported kernel: views of the buffers the storage plan names, one statement a node."""
+
+    scratch_align = _ALIGN
+    prefix = "v"
 
     def source(self) -> str:
         _check_dtypes(self.g)
-        self._plan_storage()
-        for pos, node in enumerate(self.g.nodes):
-            self._node(pos, node)
-        head = [
-            f"// Generated by mirage_jax.codegen.cpu for kernel graph {self.g.fingerprint()[:16]}.",
-            '#include "cpu/mirage.h"',
-            "",
-        ]
+        self.walk()
+        head = [self.banner(__name__), '#include "cpu/mirage.h"', ""]
         blocks = ["namespace {", "", *self.blocks, "}  // namespace", ""] if self.blocks else []
         body = []
-        if self.workspace:
-            body += [f"static mj::Workspace<{self.workspace}> workspace;",
+        workspace = self.storage.scratch_bytes
+        if workspace:
+            body += [f"static mj::Workspace<{workspace}> workspace;",
                      "const auto ws = workspace.lease();"]  # fmt: skip
         body += self.lines
         kernel = [
             f"MJ_EXPORT int {self.symbol}({_KERNEL_PARAMS}) {{",
             "  return mj::guard([&] {",
-            *_indent(body, "    "),
+            *indent(body, "    "),
             "  });",
             "}",
         ]
         return "\n".join(head + blocks + kernel) + "\n"
 
-    def _plan_storage(self) -> None:
-        """Each value lives in inputs[i], outputs[k], the workspace, or aliases another."""
-        g = self.g
-        for n in g.nodes_of(Op.RESHAPE):
-            self.alias[n.outs[0]] = self._root(n.ins[0])
-        self.input_index = {n.outs[0]: i for i, n in enumerate(g.inputs)}
-        outputs = [i for i, n in enumerate(g.nodes) if n.op is Op.OUTPUT]
-        for k, pos in enumerate(outputs):
-            root = self._root(g.nodes[pos].ins[0])
-            if root in self.input_index or root in self.output_of:
-                self.copy_to[pos] = k
-            else:
-                self.output_of[root] = k
-        for n in g.nodes:
-            if n.op in (Op.INPUT, Op.OUTPUT, Op.RESHAPE):
-                continue
-            for v in n.outs:
-                if v not in self.output_of:
-                    self.offset[v] = self.workspace
-                    nbytes = g.types[v].nbytes
-                    self.workspace += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-
-    def _root(self, v: int) -> int:
-        return self.alias.get(v, v)
-
     def _view(self, v: int, where: str, const: bool = False) -> None:
         t = self.g.types[v]
         ct = _ctype(t, self.g.producer(v).op)
         elem = f"const {ct}" if const else ct
-        self.name[v] = f"v{v}"
-        self.lines.append(f"const mj::View<{elem}, {_shape(t.shape)}> v{v}({where});")
+        self.lines.append(f"const mj::View<{elem}, {_shape(t.shape)}> {self.var(v)}({where});")
 
-    def _declare(self, v: int) -> None:
-        if v in self.output_of:
-            self._view(v, f"outputs[{self.output_of[v]}]")
+    def input(self, v: int, index: int) -> None:
+        self._view(v, f"inputs[{index}]", const=True)
+
+    def copy_output(self, k: int, v: int) -> None:
+        t = self.g.types[v]
+        self.lines.append(
+            f"const mj::View<{_ctype(t, Op.OUTPUT)}, {_shape(t.shape)}> o{k}(outputs[{k}]);"
+        )
+        self.lines.append(f"mj::k::copy(pool, o{k}, {self.var(v)});  // output {k}")
+
+    def reshape(self, node: Node) -> None:
+        v = node.outs[0]
+        self.lines.append(
+            f"const auto {self.var(v)} = {self.var(node.ins[0])}"
+            f".reshape<{_shape(self.g.types[v].shape)}>();  // {node_text(node)}"
+        )
+
+    def declare(self, v: int) -> None:
+        st = self.storage
+        if v in st.output_of:
+            self._view(v, f"outputs[{st.output_of[v]}]")
         else:
             ct = _ctype(self.g.types[v], self.g.producer(v).op)
-            self._view(v, f"ws.at<{ct}>({self.offset[v]})")
+            self._view(v, f"ws.at<{ct}>({st.offset[v]})")
 
-    def _node(self, pos: int, node: Node) -> None:
-        op, g = node.op, self.g
-        if op is Op.INPUT:
-            self._view(node.outs[0], f"inputs[{self.input_index[node.outs[0]]}]", const=True)
-            return
-        if op is Op.OUTPUT:
-            if pos in self.copy_to:
-                k = self.copy_to[pos]
-                v = node.ins[0]
-                t = g.types[v]
-                self.lines.append(
-                    f"const mj::View<{_ctype(t, op)}, {_shape(t.shape)}> o{k}(outputs[{k}]);"
-                )
-                self.lines.append(f"mj::k::copy(pool, o{k}, {self.name[v]});  // output {k}")
-            return
-        if op is Op.RESHAPE:
-            v = node.outs[0]
-            self.name[v] = f"v{v}"
-            self.lines.append(
-                f"const auto v{v} = {self.name[node.ins[0]]}"
-                f".reshape<{_shape(g.types[v].shape)}>();  // {_node_text(g, node)}"
-            )
-            return
-        for v in node.outs:
-            self._declare(v)
-        ins = [self.name[i] for i in node.ins]
-        out = self.name[node.outs[0]] if node.outs else ""
-        emit = _KERNEL_OPS.get(_group(op))
-        if emit is None:
-            raise CompileError(f"CPU backend: {op.value} is not supported in a kernel graph")
-        self.lines.append(f"{emit(self, node, out, ins)};  // {_node_text(g, node)}")
+    def compute(self, node: Node) -> None:
+        emit = lookup(_KERNEL_OPS, node.op, "CPU", "kernel")
+        ins = [self.var(i) for i in node.ins]
+        out = self.var(node.outs[0]) if node.outs else ""
+        self.lines.append(f"{emit(self, node, out, ins)};  // {node_text(node)}")
 
     def _graph_def(self, node: Node, out: str, ins: list[str]) -> str:
         block = node.attr("block")
@@ -351,7 +273,7 @@ class _KernelEmitter:
         emitter = _BlockEmitter(block, fname)
         self.blocks.append(emitter.source())
         data = ", ".join([*(f"{a}.data" for a in ins),
-                          *(f"{self.name[v]}.data" for v in node.outs)])  # fmt: skip
+                          *(f"{self.var(v)}.data" for v in node.outs)])  # fmt: skip
         gx, gy, gz = block.grid
         if not emitter.split:
             return (f"mj::for_each_block<{gx}, {gy}, {gz}>(pool, "
@@ -366,21 +288,14 @@ class _KernelEmitter:
         )
 
 
-def _group(op: Op) -> str:
-    if op in UNARY or op in BINARY or op is Op.CAST:
-        return "map"
-    if op in REDUCTIONS:
-        return "reduce"
-    if op in ACCUMULATORS:
-        return "acc"
-    return op.value
+def _map_call(e: _KernelEmitter, n: Node, out: str, ins: list[str]) -> str:
+    return f"mj::k::map(pool, {_functor(n, e.g.types)}, {out}, " + ", ".join(ins) + ")"
 
 
 _KernelOp = Callable[[_KernelEmitter, Node, str, list[str]], str]
 _KERNEL_OPS: dict[str, _KernelOp] = {
-    "map": lambda e, n, out, ins: (
-        f"mj::k::map(pool, {_functor(n, e.g.types)}, {out}, " + ", ".join(ins) + ")"
-    ),
+    "unary": _map_call,
+    "binary": _map_call,
     "reduce": lambda e, n, out, ins: (
         f"mj::k::reduce<{TABLE[n.op].functor}, {n.attr('dim')}>(pool, {out}, {ins[0]})"
     ),
@@ -407,18 +322,17 @@ class _BlockEmitter:
         self.phase = self.g.phases()
         self.decls: list[str] = []
         self.frame_bytes = 0
-        self.pre: list[str] = []
-        self.loop: list[str] = []
-        self.post: list[str] = []
+        self.sections: dict[str, list[str]] = {"pre": [], "loop": [], "post": []}
+        self.pre, self.loop, self.post = (self.sections[k] for k in ("pre", "loop", "post"))
         self.name: dict[int, str] = {}
-        self.fused_acc: dict[int, int] = {}  # matmul value -> acc_sum node output it feeds
+        # matmul value -> the acc_sum value it accumulates into (mj::matmul_acc)
+        self.fused_acc = fusable_matmuls(self.g, self.phase)
         self.fused_map: dict[int, Node] = {}  # elementwise value -> the node producing it
         self.direct_out: dict[int, int] = {}  # value computed in its output -> saver number
         self.split = splits_loop(block)
 
     def source(self) -> str:
         g = self.g
-        self._find_matmul_acc()
         self._find_map_reduce()
         self._find_direct_outputs()
         savers = 0
@@ -435,12 +349,12 @@ class _BlockEmitter:
         storage = "static thread_local " if self.frame_bytes > _STACK_FRAME_LIMIT else ""
         r = g.forloop_range
         gx, gy, gz = g.grid
-        loop = [f"for (mj::i64 i = 0; i < {r}; ++i) {{", *_indent(self.loop, "  "), "}"]
+        loop = [f"for (mj::i64 i = 0; i < {r}; ++i) {{", *indent(self.loop, "  "), "}"]
         lines = [
             f"// grid=({gx},{gy},{gz}) forloop_range={r}",
             f"void {self.fname}({', '.join(params)}) {{",
             *(f"  {storage}{d}" for d in self.decls),
-            *_indent(self.pre + (loop if self.loop else []) + self.post, "  "),
+            *indent(self.pre + (loop if self.loop else []) + self.post, "  "),
             "}",
             "",
         ]
@@ -454,7 +368,7 @@ class _BlockEmitter:
         accs = [n for n in names if n.startswith("a")]
         b, rest = params[0], params[1:]
         state = f"{f}_state& s"
-        loop = ["for (mj::i64 i = i0; i < i1; ++i) {", *_indent(self.loop, "  "), "}"]
+        loop = ["for (mj::i64 i = i0; i < i1; ++i) {", *indent(self.loop, "  "), "}"]
         loop = self.pre + loop
         # the epilogue needs the loop-invariant views again (they are not in the state)
         post = [line for line in self.pre if line.startswith("const auto ")] + self.post
@@ -468,30 +382,17 @@ class _BlockEmitter:
             f"// grid=({gx},{gy},{gz}) forloop_range={g.forloop_range}, split over iterations",
             f"struct {f}_state {{", *(f"  {d}" for d in self.decls), "};",
             f"void {f}_loop({', '.join([b, state, 'mj::i64 i0', 'mj::i64 i1', *rest])}) {{",
-            *_indent(bind(loop) + loop, "  "),
+            *indent(bind(loop) + loop, "  "),
             "}",
             f"void {f}_merge({state}, const {f}_state& o) {{",
             *(f"  s.{a}.merge(o.{a});" for a in accs),
             "}",
             f"void {f}_post({', '.join([b, state, *rest])}) {{",
-            *_indent(bind(post) + post, "  "),
+            *indent(bind(post) + post, "  "),
             "}",
             "",
         ]
         return "\n".join(lines)
-
-    def _find_matmul_acc(self) -> None:
-        """A body matmul whose only use is an acc_sum over no dim accumulates in place."""
-        g = self.g
-        for n in g.nodes_of(Op.MATMUL):
-            users = g.users(n.outs[0])
-            if (
-                len(users) == 1
-                and users[0].op is Op.ACC_SUM
-                and users[0].attr("dim") == NONE_DIM
-                and self.phase[n.outs[0]] is Phase.BODY
-            ):
-                self.fused_acc[n.outs[0]] = users[0].outs[0]
 
     def _find_map_reduce(self) -> None:
         """An elementwise value whose only use is a reduction over the last dim is folded as
@@ -503,7 +404,7 @@ class _BlockEmitter:
             x = n.ins[0]
             p = g.producer(x)
             if (
-                _group(p.op) in ("map", "thread")
+                op_group(p.op) in _ELEMENTWISE
                 and len(g.users(x)) == 1
                 and n.attr("dim") == len(g.types[x].shape) - 1
                 and self.phase[x] is self.phase[n.outs[0]]
@@ -519,7 +420,7 @@ class _BlockEmitter:
             v = saver.ins[0]
             p = g.producer(v)
             if (
-                _group(p.op) in _DIRECT_WRITERS
+                op_group(p.op) in _DIRECT_WRITERS
                 and len(g.users(v)) == 1
                 and v not in self.fused_acc
                 and is_contiguous_tile(g.types[v].shape, g.output_types[k].shape)
@@ -549,15 +450,11 @@ class _BlockEmitter:
         return self.name[v]
 
     def _where(self, v: int) -> list[str]:
-        return (
-            self.loop
-            if self.phase[v] is Phase.BODY
-            else (self.post if self.phase[v] is Phase.EPILOGUE else self.pre)
-        )
+        return self.sections[SECTION[self.phase[v]]]
 
     def _node(self, node: Node, saver_index: int) -> None:
         g, op = self.g, node.op
-        text = _node_text(g, node)
+        text = node_text(node)
         if op is Op.INPUT_ITER:
             v = node.outs[0]
             arg, fdim = node.attr("arg"), node.attr("fdim")
@@ -593,9 +490,7 @@ class _BlockEmitter:
             self.loop.append(f"mj::matmul_acc(a{acc}.out, {ins[0]}, {ins[1]});  // {text}")
             return
         out = self._output_view(v) if v in self.direct_out else self._tile(v, op)
-        emit = _BLOCK_OPS.get(_group(op))
-        if emit is None:
-            raise CompileError(f"CPU backend: {op.value} is not supported in a block graph")
+        emit = lookup(_BLOCK_OPS, op, "CPU", "block")
         self._where(v).append(f"{emit(self, node, out, ins)};  // {text}")
 
     def _map_reduce(self, node: Node, text: str) -> None:
@@ -606,7 +501,7 @@ class _BlockEmitter:
         out = self._tile(v, node.op)
         stmt = (f"mj::map_reduce<{TABLE[node.op].functor}, {_shape(g.types[x].shape)}>"
                 f"({out}, {f}, {ins});")  # fmt: skip
-        self._where(v).append(f"{stmt}  // {text} of {_node_text(g, p)}")
+        self._where(v).append(f"{stmt}  // {text} of {node_text(p)}")
 
     def _saver(self, node: Node, k: int, text: str) -> None:
         v = node.ins[0]
@@ -638,12 +533,20 @@ class _BlockEmitter:
         self.post.append(f"a{v}.finish();")
 
 
-# Block ops whose runtime entry writes any dense row-major output (a Tile or a View).
-_DIRECT_WRITERS = ("map", "thread", "matmul", "concat")
+# Block ops (by op_group) whose runtime entry writes any dense row-major output (a Tile or a
+# View), and the elementwise ones among them (mj::map).
+_ELEMENTWISE = ("unary", "binary", "thread")
+_DIRECT_WRITERS = (*_ELEMENTWISE, "matmul", "concat")
+
+
+def _block_map(e: _BlockEmitter, n: Node, out: str, ins: list[str]) -> str:
+    return f"mj::map({_functor(n, e.g.types)}, {out}, {', '.join(ins)})"
+
 
 _BlockOp = Callable[[_BlockEmitter, Node, str, list[str]], str]
 _BLOCK_OPS: dict[str, _BlockOp] = {
-    "map": lambda e, n, out, ins: f"mj::map({_functor(n, e.g.types)}, {out}, {', '.join(ins)})",
+    "unary": _block_map,
+    "binary": _block_map,
     "thread": lambda e, n, out, ins: (
         f"mj::map({_thread_lambda(n.attr('graph'))}, {out}, {', '.join(ins)})"
     ),

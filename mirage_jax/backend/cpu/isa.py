@@ -15,6 +15,7 @@ import platform
 from pathlib import Path
 
 from mirage_jax.errors import CompileError
+from mirage_jax.runtime.native import try_native
 
 ISAS: tuple[str, ...] = ("generic", "avx2", "avx512")  # weakest first
 ISA_ENV = "MIRAGE_JAX_ISA"
@@ -55,8 +56,6 @@ def detected_isa() -> str:
     """The best level this CPU and OS support, from ``_C`` when built, else /proc/cpuinfo."""
     if not is_x86():
         return "generic"
-    from mirage_jax.runtime.native import try_native
-
     native = try_native()
     if native is not None:
         return str(native.cpu_isa())

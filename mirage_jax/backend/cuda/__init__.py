@@ -1,0 +1,1 @@
+"""The CUDA backend: CUDA C++ emission, nvcc builds, the GPU cost model."""

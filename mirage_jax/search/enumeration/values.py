@@ -1,0 +1,82 @@
+"""The values of a partial block graph (``BlockValues``): per value id its type, term, phase,
+uses and index info, pushed and popped as the block DFS applies and undoes ops, with the value
+numbering that recognises a recomputed value or a constant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mirage_jax.ir.types import TensorType
+from mirage_jax.search.enumeration.terms import TermHasher
+
+
+class BlockValues:
+    """Per-value state of a partial block graph, a stack indexed by value id.
+
+    A value's *signature* (term hash, shape, phase, index info) numbers it: two values with
+    one signature compute the same thing. ``sid`` interns the exact identity (term, shape,
+    dtype, phase, index info), for memo keys that must not rely on hashing. ``fits`` is a
+    per-value cache for the savers (see ``saving.Savers``), dropped with the value.
+    """
+
+    def __init__(self) -> None:
+        self.types: list[TensorType] = []
+        self.terms: list[Any] = []
+        self.phase: list[int] = []
+        self.uses: list[int] = []
+        self.index: list[Any] = []
+        self.sid: list[int] = []
+        self.fits: list[dict[int, int | None]] = []
+        self.hasher = TermHasher()
+        self._sig: list[Any] = []
+        self._sig_count: dict[Any, int] = {}
+        self._interned: dict[Any, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.types)
+
+    def push(self, t: TensorType, term: Any, phase: int, labels: Any = None) -> int:
+        """Add a value; its id."""
+        self.types.append(t)
+        self.terms.append(term)
+        self.phase.append(phase)
+        self.uses.append(0)
+        self.index.append(labels)
+        sig = self.sig(t, term, phase, labels)
+        self._sig.append(sig)
+        self._sig_count[sig] = self._sig_count.get(sig, 0) + 1
+        self.fits.append({})
+        ident = (term, t.shape, t.dtype, phase, labels)
+        sid = self._interned.get(ident)
+        if sid is None:
+            sid = self._interned[ident] = len(self._interned)
+        self.sid.append(sid)
+        return len(self.types) - 1
+
+    def pop(self) -> None:
+        """Drop the last value (the interned identities stay: they are keys, not state)."""
+        sig = self._sig.pop()
+        self._sig_count[sig] -= 1
+        for lst in (self.types, self.terms, self.phase, self.uses, self.index, self.sid):
+            lst.pop()
+        self.fits.pop()
+
+    def sig(self, t: TensorType, term: Any, phase: int, labels: Any) -> Any:
+        return (self.hasher(term)[0], t.shape, phase, labels)
+
+    def computed(self, sig: Any) -> bool:
+        """Does a value with this signature exist?"""
+        return self._sig_count.get(sig, 0) > 0
+
+    def is_constant(self, term: Any) -> bool:
+        """A term without inputs in effect (``x - x``): both evaluations agree."""
+        h0, h1 = self.hasher(term)
+        return h0 == h1 and term.head != "var"
+
+    def redundant(self, t: TensorType, term: Any, phase: int, labels: Any) -> bool:
+        """A value already computed, or a constant (see ``TermHasher``)."""
+        return self.is_constant(term) or self.computed(self.sig(t, term, phase, labels))
+
+    def dangling(self) -> list[int]:
+        """The values nothing uses yet."""
+        return [v for v, u in enumerate(self.uses) if u == 0]
