@@ -22,6 +22,7 @@ from mirage_jax.errors import MirageError
 from mirage_jax.interpret.numerics import dtype_name, output_error, sample_inputs
 from mirage_jax.ir import KernelGraph, Op
 from mirage_jax.planner import library
+from mirage_jax.planner.autodiff import with_derivatives
 from mirage_jax.planner.decisions import Decision, decision_key, load, store
 from mirage_jax.planner.search import superoptimize
 from mirage_jax.timing import compare, device_args
@@ -93,6 +94,8 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend) -> Re
         plan.impl = None
         plan.reason = f"fell back to XLA: {err.cause}"
         log.warning("region %d: %s", region.index, plan.reason)
+    if plan.impl is not None:
+        plan.impl = with_derivatives(plan.impl, program.region_callable(region.index))
     return plan
 
 

@@ -1,0 +1,125 @@
+"""JAX transformations through optimized functions: grad, jvp, jacobians, checkpoint, vmap.
+
+Every region is forced to a custom call (``strategy="as_is"``, no speed requirement), so the
+derivatives must come through the kernels' derivative rule; the same checks with every region
+kept by XLA (``strategy="xla"``) show the behaviour does not depend on what a region became.
+References are ``jax`` transformations of the plain function, on fresh random inputs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mirage_jax as mj
+
+# f32 kernels against XLA: the primal agrees to rounding; derivatives are XLA's own
+RTOL = 2e-5
+
+
+def rmsnorm_linear(x, g, w):
+    x = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g
+    return x @ w
+
+
+def gated_mlp(x, w1, w2):
+    return jax.nn.silu(x @ w1) * (x @ w2)
+
+
+def attention(q, k, v):
+    s = (q @ k.T) / np.sqrt(q.shape[-1])
+    return jax.nn.softmax(s, axis=-1) @ v
+
+
+def two_regions(x, w):
+    y = jnp.exp(x) @ w
+    y = jnp.cumsum(y, axis=-1)  # no μGraph operator: cuts the function in two regions
+    return jnp.tanh(y) * y
+
+
+CASES = {
+    "rmsnorm_linear": (rmsnorm_linear, [(4, 64), (64,), (64, 32)]),
+    "gated_mlp": (gated_mlp, [(4, 32), (32, 48), (32, 48)]),
+    "attention": (attention, [(8, 16), (12, 16), (12, 16)]),
+    "two_regions": (two_regions, [(4, 16), (16, 8)]),
+}
+
+
+def _inputs(shapes, seed):
+    rng = np.random.default_rng(seed)
+    return [jnp.asarray(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+
+
+def _close(got, want) -> None:
+    got_leaves, want_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for g, w in zip(got_leaves, want_leaves):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        scale = max(float(np.max(np.abs(w64))), 1e-30)
+        np.testing.assert_allclose(g64, w64, rtol=RTOL, atol=RTOL * scale)
+
+
+def _optimized(fn, strategy):
+    return mj.optimize(fn, strategy=strategy, require_speedup=False, cache=False)
+
+
+def _loss(fn):
+    def loss(*args):
+        y = fn(*args)
+        return jnp.sum(y * jnp.sin(y))  # a nonlinear read-out: every output element matters
+
+    return loss
+
+
+@pytest.fixture(params=["as_is", "xla"])
+def strategy(request) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_grad_and_value_and_grad_equal_jax(name: str, strategy: str) -> None:
+    fn, shapes = CASES[name]
+    fast = _optimized(fn, strategy)
+    args = _inputs(shapes, seed=1)
+    custom = [p.impl is not None for p in fast.plan(*args).regions]
+    assert all(custom) if strategy == "as_is" else not any(custom), fast.explain(*args)
+    argnums = tuple(range(len(args)))
+    fresh = _inputs(shapes, seed=2)
+    want = jax.jit(jax.value_and_grad(_loss(fn), argnums=argnums))(*fresh)
+    _close(jax.value_and_grad(_loss(fast), argnums=argnums)(*fresh), want)
+    _close(jax.jit(jax.grad(_loss(fast), argnums=argnums))(*fresh), want[1])
+    _close(jax.grad(jax.checkpoint(_loss(fast)), argnums=argnums)(*fresh), want[1])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_forward_mode_and_jacobians_equal_jax(name: str, strategy: str) -> None:
+    fn, shapes = CASES[name]
+    fast = _optimized(fn, strategy)
+    args, tangents = _inputs(shapes, seed=3), _inputs(shapes, seed=4)
+    _close(jax.jvp(fast, args, tangents), jax.jvp(jax.jit(fn), args, tangents))
+    _close(jax.jacfwd(fast)(*args), jax.jacfwd(fn)(*args))
+    _close(jax.jacrev(fast)(*args), jax.jacrev(fn)(*args))
+
+
+def test_vmap_of_grad_equals_jax(strategy: str) -> None:
+    fn, shapes = CASES["rmsnorm_linear"]
+    fast = _optimized(fn, strategy)
+    args = _inputs(shapes, seed=5)
+    fast(*args)  # plan at the unbatched shapes first: vmap then maps the planned call
+    xs = jnp.stack(_inputs([shapes[0]] * 3, seed=6))
+    per_row = jax.vmap(jax.grad(_loss(fast)), in_axes=(0, None, None))
+    want = jax.vmap(jax.grad(_loss(fn)), in_axes=(0, None, None))(xs, *args[1:])
+    _close(per_row(xs, *args[1:]), want)
+
+
+def test_the_primal_still_comes_from_the_kernel() -> None:
+    """The derivative rule must not replace the custom call in the forward pass."""
+    fn, shapes = CASES["gated_mlp"]
+    fast = _optimized(fn, "as_is")
+    args = _inputs(shapes, seed=7)
+    fast(*args)
+    hlo = jax.jit(jax.value_and_grad(_loss(fast))).lower(*args).as_text()
+    assert "mirage_jax_dispatch" in hlo
