@@ -123,3 +123,22 @@ def test_the_primal_still_comes_from_the_kernel() -> None:
     fast(*args)
     hlo = jax.jit(jax.value_and_grad(_loss(fast))).lower(*args).as_text()
     assert "mirage_jax_dispatch" in hlo
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_linear", "attention"])
+def test_vmap_plans_the_batched_region_as_one_call(name: str) -> None:
+    """vmap of an optimized function, first call included, runs the region once for the whole
+    batch (a custom call planned at the batched shape), not once per element."""
+    fn, shapes = CASES[name]
+    fast = _optimized(fn, "as_is")
+    args = _inputs(shapes, seed=8)
+    xs = jnp.stack(_inputs([shapes[0]] * 5, seed=9))
+    batched = jax.vmap(fast, in_axes=(0, *[None] * (len(args) - 1)))
+    want = jax.vmap(jax.jit(fn), in_axes=(0, *[None] * (len(args) - 1)))(xs, *args[1:])
+    _close(batched(xs, *args[1:]), want)  # the first call: nothing planned before
+    hlo = jax.jit(batched).lower(xs, *args[1:]).as_text()
+    assert "mirage_jax_dispatch" in hlo and "while" not in hlo, hlo[-2000:]
+    _close(jax.vmap(jax.vmap(fast, in_axes=(0, None, None)), in_axes=(None, 0, None))(
+        xs, jnp.stack([args[1]] * 2), args[2]),
+        jax.vmap(jax.vmap(fn, in_axes=(0, None, None)), in_axes=(None, 0, None))(
+        xs, jnp.stack([args[1]] * 2), args[2]))  # fmt: skip

@@ -23,9 +23,11 @@ from typing import Any
 
 import jax
 
+from mirage_jax.backend import Backend, backend_for
 from mirage_jax.errors import MirageError
 from mirage_jax.frontend import TracedProgram, trace
-from mirage_jax.backend import Backend, backend_for
+from mirage_jax.planner.autodiff import with_derivatives
+from mirage_jax.planner.batching import with_batching
 from mirage_jax.planner.region import RegionPlan, plan_region
 
 log = logging.getLogger("mirage_jax")
@@ -185,7 +187,8 @@ def _build_plan(
     with jax.ensure_compile_time_eval():
         regions = tuple(plan_region(program, region, options, backend)
                         for region in program.regions)  # fmt: skip
-    impls = {p.index: p.impl for p in regions if p.impl is not None}
+    impls = {p.index: _transformable(p.impl, program.region_callable(p.index), options)
+             for p in regions if p.impl is not None}  # fmt: skip
     for p in regions:
         log.info("%s", p.describe())
 
@@ -197,6 +200,14 @@ def _build_plan(
         return program.run(*dynamic, region_impls=impls)
 
     return Plan(program, backend, regions, run, jax.jit(run))
+
+
+def _transformable(kernel: Callable[..., Any], reference: Callable[..., Any],
+                   options: OptimizeOptions) -> Callable[..., Any]:  # fmt: skip
+    """A region's kernel as jax transformations expect it: differentiable like the region as
+    XLA computes it, and batched by planning the vmapped region as a region of its own."""
+    batchable = with_batching(kernel, reference, lambda fn: Optimized(fn, options))
+    return with_derivatives(batchable, reference)
 
 
 def _xla_call(fn: Callable[..., Any], args: Sequence[Any], static_argnums: tuple[int, ...]
@@ -215,4 +226,4 @@ def _xla_call(fn: Callable[..., Any], args: Sequence[Any], static_argnums: tuple
     return call
 
 
-__all__ = ["Optimized", "OptimizeOptions", "explain", "optimize"]
+__all__ = ["OptimizeOptions", "Optimized", "explain", "optimize"]

@@ -22,7 +22,6 @@ from mirage_jax.errors import MirageError
 from mirage_jax.interpret.numerics import dtype_name, output_error, sample_inputs
 from mirage_jax.ir import KernelGraph, Op
 from mirage_jax.planner import library
-from mirage_jax.planner.autodiff import with_derivatives
 from mirage_jax.planner.decisions import Decision, decision_key, load, store
 from mirage_jax.planner.search import superoptimize
 from mirage_jax.timing import compare, device_args
@@ -94,8 +93,6 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend) -> Re
         plan.impl = None
         plan.reason = f"fell back to XLA: {err.cause}"
         log.warning("region %d: %s", region.index, plan.reason)
-    if plan.impl is not None:
-        plan.impl = with_derivatives(plan.impl, program.region_callable(region.index))
     return plan
 
 

@@ -38,8 +38,9 @@ def kernel_call(
 ) -> tuple[jax.Array, ...]:
     """Call the registered kernel ``kernel_name`` on ``args``; one array per ``out_avals``.
 
-    Works eagerly and inside ``jax.jit``; ``vmap`` runs the kernel once per batch element
-    (``vmap_method="sequential"``: kernels are generated for fixed shapes). Inputs are passed
+    Works eagerly and inside ``jax.jit``. Kernels are generated for fixed shapes, so ``vmap``
+    of this call alone runs it once per batch element (``vmap_method="sequential"``); the
+    planner's regions batch by planning the batched region instead (``planner.batching``). Inputs are passed
     as dense row-major buffers. ``check_loaded`` fails at trace time when the name is not
     registered in this process, rather than when the program runs.
     """
