@@ -7,7 +7,8 @@ root). An output is computed in place by its root's producer; it is copied into 
 buffer only when its root is an input or already fills an earlier output. ``KernelEmitter``
 walks the graph in order on that plan and leaves each backend to spell the steps.
 
-Each backend keeps its own ``TABLE`` (op -> runtime ``Template``): that is its vocabulary.
+Each backend keeps its own ``TABLE`` (op -> runtime ``Template``): that is its vocabulary. The
+elementwise functors both runtimes share are named by each op's ``OpInfo.functor``.
 """
 
 from __future__ import annotations
@@ -36,14 +37,9 @@ class Template:
     functor: str = ""
 
 
-# Elementwise functors both runtimes define under these names in ``mj::op``.
-UNARY_FUNCTOR = {
-    Op.EXP: "Exp", Op.LOG: "Log", Op.SQUARE: "Square", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt",
-    Op.SIGMOID: "Sigmoid", Op.SILU: "Silu", Op.GELU: "Gelu", Op.TANH: "Tanh", Op.ERF: "Erf",
-    Op.RELU: "Relu", Op.NEG: "Neg", Op.RECIPROCAL: "Reciprocal", Op.MUL_SCALAR: "MulScalar",
-    Op.ADD_SCALAR: "AddScalar", Op.POW_SCALAR: "PowScalar",
-}  # fmt: skip
-BINARY_FUNCTOR = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MAX: "Max"}
+def op_functor(op: Op) -> str:
+    """The elementwise functor both runtimes define for ``op``: ``mj::op::<OpInfo.functor>``."""
+    return f"mj::op::{op.info.functor}"
 
 
 def check_table(table: Mapping[Op, Template], backend: str) -> None:
@@ -256,7 +252,7 @@ class KernelEmitter(abc.ABC):
 
 
 __all__ = [
-    "BINARY_FUNCTOR", "SECTION", "UNARY_FUNCTOR", "KernelEmitter", "StoragePlan", "Template",
-    "check_request", "check_table", "fusable_matmuls", "indent", "literal", "lookup",
-    "node_text", "op_group", "plan_storage", "shape_type", "thread_steps",
+    "SECTION", "KernelEmitter", "StoragePlan", "Template", "check_request", "check_table",
+    "fusable_matmuls", "indent", "literal", "lookup", "node_text", "op_functor", "op_group",
+    "plan_storage", "shape_type", "thread_steps",
 ]  # fmt: skip

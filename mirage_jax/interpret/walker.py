@@ -26,14 +26,21 @@ import numpy as np
 
 from mirage_jax.errors import GraphError
 from mirage_jax.ir.graph import BlockGraph, Graph, KernelGraph, Node, Phase, ThreadGraph
-from mirage_jax.ir.ops import ACCUMULATORS, NONE_DIM, Op
+from mirage_jax.ir.ops import (
+    ACCUMULATORS,
+    BINARY,
+    GELU_C,
+    GELU_K,
+    NONE_DIM,
+    REDUCTIONS,
+    SCALAR_UNARY,
+    STRUCTURE,
+    UNARY,
+    Op,
+)
 from mirage_jax.ir.types import DType, TensorType
 
 LEAD = 3  # leading block axes (x, y, z) on every block-level value
-
-# gelu's tanh-approximation constants, as jax.nn.gelu(approximate=True) uses them
-GELU_C = float(np.sqrt(2.0 / np.pi))
-GELU_K = 0.044715
 
 
 class NumberSystem(ABC):
@@ -161,6 +168,11 @@ class NumberSystem(ABC):
         """exp(a - b); the float system defines exp(-inf - -inf) as 1 (online softmax)."""
         return self.exp(self.sub(a, b))
 
+    def rescaled(self, x: Any, m: Any, top: Any) -> Any:
+        """x * exp(m - top), one term of acc_rescale_sum; the float system drops terms whose
+        max m is -inf (a fully masked tile), as the kernels do."""
+        return self.mul(x, self.exp_diff(m, top))
+
 
 def batched_matmul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``np.matmul`` of equal-rank float arrays, as one large GEMM where one operand is the
@@ -196,6 +208,11 @@ def _reduction(name: str) -> OpFn:
     return lambda ns, xs, attrs, lead: getattr(ns, name)(xs[0], attrs["dim"] + lead)
 
 
+def _scalar(name: str, op: Op) -> OpFn:
+    attr = op.info.scalar_attr
+    return lambda ns, xs, attrs, lead: getattr(ns, name)(xs[0], attrs[attr])
+
+
 def _concat(ns: NumberSystem, xs: list[Any], attrs: dict[str, Any], lead: int) -> Any:
     # block-level operands may be replicated (size 1) along different block axes
     sa, sb = ns.shape(xs[0]), ns.shape(xs[1])
@@ -214,26 +231,23 @@ def _transpose(ns: NumberSystem, xs: list[Any], attrs: dict[str, Any], lead: int
     return ns.layout(xs[0], lambda v: v.transpose(perm))
 
 
+# The number-system operator of each op is named like the op, except for these.
+_OPERATOR = {Op.MAX: "maximum", Op.MUL_SCALAR: "scale", Op.ADD_SCALAR: "shift"}
+
 OP_TABLE: dict[Op, OpFn] = {
-    **{op: _unary(op.value) for op in (
-        Op.EXP, Op.LOG, Op.SQUARE, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.SILU, Op.GELU, Op.TANH,
-        Op.ERF, Op.RELU, Op.NEG, Op.RECIPROCAL)},
-    **{op: _binary(name) for op, name in (
-        (Op.ADD, "add"), (Op.SUB, "sub"), (Op.MUL, "mul"), (Op.DIV, "div"), (Op.MAX, "maximum"),
-        (Op.MATMUL, "matmul"))},
-    **{op: _reduction(op.value) for op in (
-        Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN, Op.REDUCE_RMS)},
-    Op.MUL_SCALAR: lambda ns, xs, attrs, lead: ns.scale(xs[0], attrs["scalar"]),
-    Op.ADD_SCALAR: lambda ns, xs, attrs, lead: ns.shift(xs[0], attrs["scalar"]),
-    Op.POW_SCALAR: lambda ns, xs, attrs, lead: ns.pow_scalar(xs[0], attrs["exponent"]),
+    **{op: _unary(op.value) for op in Op if op in UNARY - SCALAR_UNARY},
+    **{op: _scalar(_OPERATOR.get(op, op.value), op) for op in Op if op in SCALAR_UNARY},
+    **{op: _binary(_OPERATOR.get(op, op.value)) for op in Op if op in BINARY},
+    **{op: _reduction(op.value) for op in Op if op in REDUCTIONS},
+    Op.MATMUL: _binary("matmul"),
     Op.CONCAT: _concat,
     Op.RESHAPE: _reshape,
     Op.TRANSPOSE: _transpose,
     Op.CAST: lambda ns, xs, attrs, lead: ns.cast(xs[0], attrs["dtype"]),
 }  # fmt: skip
 
-_STRUCTURAL = {Op.INPUT, Op.OUTPUT, Op.GRAPH_DEF, Op.INPUT_ITER, Op.OUTPUT_SAVER, Op.THREAD}
-_UNDEFINED = set(Op) - set(OP_TABLE) - _STRUCTURAL - ACCUMULATORS
+# structural ops are walked, accumulators run by the block loop: neither is in OP_TABLE
+_UNDEFINED = set(Op) - set(OP_TABLE) - STRUCTURE - ACCUMULATORS
 if _UNDEFINED:  # pragma: no cover - guards the table against a new Op without semantics
     raise RuntimeError(f"ops without interpreter semantics: {_UNDEFINED}")
 
@@ -454,12 +468,12 @@ class _Accumulator:
         if self.op is Op.ACC_RESCALE_SUM:
             x, m = xs
             if self.state is None:
-                self.state, self.running_max = ns.mul(x, ns.exp_diff(m, m)), m
+                self.state, self.running_max = ns.rescaled(x, m, m), m
                 return
             new_max = ns.maximum(self.running_max, m)
             self.state = ns.add(
                 ns.mul(self.state, ns.exp_diff(self.running_max, new_max)),
-                ns.mul(x, ns.exp_diff(m, new_max)),
+                ns.rescaled(x, m, new_max),
             )
             self.running_max = new_max
             return

@@ -16,7 +16,8 @@ Core language (``Term.head``; ``param`` in brackets)::
     max(a, b)       elementwise maximum           concat(a, b)  opaque symbol over both parts
     fn[name](a)     uninterpreted unary function (log, tanh, erf, pow:<e>)
 
-Lowering choices (``LOWERING`` below is the table):
+Lowering choices: each op's ``OpInfo.abstract`` (``mirage_jax.ir.ops``) is a formula over this
+language, compiled once into ``LOWERING`` below:
 
 - matmul = sum[k](mul(a, b)); reduce_sum over a dim of size n = sum[n](x); reduce_mean =
   mul(sum[n](x), 1/n); reduce_rms / acc_rms = sqrt(mean(x*x)).
@@ -60,9 +61,10 @@ last passes.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -247,23 +249,6 @@ def _pow(x: Term, e: float) -> Term:
     return make() if make is not None else fn(f"pow:{float(e)!r}", x)
 
 
-def _gelu(x: Term) -> Term:
-    inner = mul(const(math.sqrt(2 / math.pi)), add(x, mul(const(0.044715), x, x, x)))
-    return mul(const(0.5), x, add(ONE, fn("tanh", inner)))
-
-
-def _unary(f: Callable[[Term], Term]) -> Lower:
-    return lambda attrs, ins, types, blk: f(ins[0])
-
-
-def _binary(f: Callable[[Term, Term], Term]) -> Lower:
-    return lambda attrs, ins, types, blk: f(ins[0], ins[1])
-
-
-def _extent(types: Sequence[TensorType], dim: int) -> int:
-    return 1 if dim == NONE_DIM else types[0].shape[dim]
-
-
 def _loop(op: Op, blk: BlockContext | None) -> int:
     if blk is None:
         raise SearchError(
@@ -273,102 +258,155 @@ def _loop(op: Op, blk: BlockContext | None) -> int:
     return blk.forloop_range
 
 
-def _reduction(kind: str) -> Lower:
+def _attr(op: Op, attrs: Mapping[str, Any], name: str) -> Any:
+    try:
+        return attrs[name]
+    except KeyError:
+        raise SearchError(f"{op.value}: abstract_op needs the node's attrs[{name!r}]",
+                          remedy="pass the node's attributes (node.attr_dict)") from None  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# formulas: each op's ``OpInfo.abstract`` (ir.ops), compiled once into a ``Lower``
+
+_FORMULA_TOKEN = re.compile(r"\s*(-?\d+(?:\.\d*)?(?:e[-+]?\d+)?|[A-Za-z_]\w*|[][(),*])")
+# constructors a formula may call by name (with the operands' terms as arguments)
+_CONSTRUCTORS: dict[str, Callable[..., Term]] = {
+    "add": add, "mul": mul, "inv": inv, "exp": exp, "sqrt": sqrt, "max": maximum, "neg": neg,
+    "sigmoid": sigmoid, "concat": concat,
+}  # fmt: skip
+_OPERANDS = {"x": 0, "y": 1}
+
+
+def _along_dim(attrs: Mapping[str, Any], types: Sequence[TensorType], blk: Any) -> int:
+    dim = attrs.get("dim", NONE_DIM)
+    return 1 if dim == NONE_DIM else types[0].shape[dim]
+
+
+def _extent(op: Op, name: str) -> Callable[[Mapping[str, Any], Sequence[TensorType], Any], int]:
+    """A reduced extent of a formula: ``k`` (the first operand's last dim, a matmul's
+    contraction), ``dim`` (the first operand's extent along attribute ``dim``, 1 for none),
+    ``loop`` (the block's for-loop range)."""
+    if name == "k":
+        return lambda attrs, types, blk: types[0].shape[-1]
+    if name == "dim":
+        return _along_dim
+    if name == "loop":
+        return lambda attrs, types, blk: _loop(op, blk)
+    raise SearchError(f"{op.value}: unknown extent {name!r} in its abstract formula")
+
+
+class _Formula:
+    """A recursive-descent reader of one formula (grammar in ``OpInfo.abstract``)."""
+
+    def __init__(self, op: Op, text: str) -> None:
+        self.op, self.text = op, text
+        self.tokens = _FORMULA_TOKEN.findall(text)
+        if "".join(self.tokens) != re.sub(r"\s", "", text):
+            self.fail("unexpected characters")
+        self.pos = 0
+
+    def fail(self, why: str) -> NoReturn:
+        raise SearchError(f"{self.op.value}: abstract formula {self.text!r}: {why}")
+
+    def take(self, want: str | None = None) -> str:
+        if self.pos >= len(self.tokens):
+            self.fail("ends early")
+        tok = self.tokens[self.pos]
+        if want is not None and tok != want:
+            self.fail(f"expected {want!r}, found {tok!r}")
+        self.pos += 1
+        return tok
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def compile(self) -> Lower:
+        lower = self.expr()
+        if self.peek() is not None:
+            self.fail(f"unexpected {self.peek()!r}")
+        return lower
+
+    def expr(self) -> Lower:
+        tok = self.take()
+        if tok[0].isdigit() or tok[0] == "-":
+            c = const(float(tok) if any(ch in tok for ch in ".e") else int(tok))
+            return lambda attrs, ins, types, blk: c
+        if tok in _OPERANDS:
+            i = _OPERANDS[tok]
+            return lambda attrs, ins, types, blk: ins[i]
+        param = None
+        if self.peek() == "[":
+            self.take("[")
+            param = [self.take()]
+            while self.peek() == "*":
+                self.take("*")
+                param.append(self.take())
+            self.take("]")
+        args = []
+        if self.peek() == "(":
+            self.take("(")
+            args.append(self.expr())
+            while self.peek() == ",":
+                self.take(",")
+                args.append(self.expr())
+            self.take(")")
+        return self.apply(tok, param, args)
+
+    def apply(self, head: str, param: list[str] | None, args: list[Lower]) -> Lower:
+        op = self.op
+        if head in _CONSTRUCTORS and param is None:
+            return _call(_CONSTRUCTORS[head], args)
+        if param is None or (len(param) != 1 and head not in ("sum", "mean", "rmax")):
+            self.fail(f"{head} needs one [parameter]")
+        name = param[0]
+        if head in ("const", "var") and not args:
+            make = const if head == "const" else var
+            return lambda attrs, ins, types, blk: make(_attr(op, attrs, name))
+        if len(args) != 1:
+            self.fail(f"{head}[...] takes one argument")
+        (a,) = args
+        if head == "fn":
+            return lambda attrs, ins, types, blk: fn(name, a(attrs, ins, types, blk))
+        if head == "pow":
+            return lambda attrs, ins, types, blk: _pow(a(attrs, ins, types, blk),
+                                                        _attr(op, attrs, name))  # fmt: skip
+        if head in ("sum", "mean", "rmax"):
+            return _reduce(head, [_extent(op, p) for p in param], a)
+        self.fail(f"unknown head {head!r}")
+
+
+def _call(f: Callable[..., Term], args: list[Lower]) -> Lower:
+    if len(args) == 1:
+        (a,) = args
+        return lambda attrs, ins, types, blk: f(a(attrs, ins, types, blk))
+    if len(args) == 2:
+        a, b = args
+        return lambda attrs, ins, types, blk: f(a(attrs, ins, types, blk),
+                                                 b(attrs, ins, types, blk))  # fmt: skip
+    return lambda attrs, ins, types, blk: f(*[g(attrs, ins, types, blk) for g in args])
+
+
+def _reduce(head: str, extents: list[Callable[..., int]], a: Lower) -> Lower:
+    """sum / mean / rmax of ``a`` over the product of ``extents``; a max over a single element
+    is the element itself."""
+    make = {"sum": sum_, "mean": mean, "rmax": lambda n, x: x if n == 1 else rmax(x)}[head]
+    if len(extents) == 1:
+        (e,) = extents
+        return lambda attrs, ins, types, blk: make(e(attrs, types, blk), a(attrs, ins, types, blk))
+
     def lower(attrs, ins, types, blk):
-        n, x = types[0].shape[attrs["dim"]], ins[0]
-        if kind == "sum":
-            return sum_(n, x)
-        if kind == "mean":
-            return mean(n, x)
-        if kind == "rms":
-            return sqrt(mean(n, mul(x, x)))
-        return x if n == 1 else rmax(x)
+        n = 1
+        for e in extents:
+            n *= e(attrs, types, blk)
+        return make(n, a(attrs, ins, types, blk))
 
     return lower
 
 
-def _accumulator(op: Op) -> Lower:
-    def lower(attrs, ins, types, blk):
-        loops = _loop(op, blk)
-        dim = attrs.get("dim", NONE_DIM)
-        n, x = loops * _extent(types, dim), ins[0]
-        if op is Op.ACC_SUM:
-            return sum_(n, x)
-        if op is Op.ACC_MEAN:
-            return mean(n, x)
-        if op is Op.ACC_RMS:
-            return sqrt(mean(n, mul(x, x)))
-        return x if n == 1 else rmax(x)
-
-    return lower
-
-
-def _rescale_sum(attrs, ins, types, blk):
-    # sum_i exp(m_i - M) * x_i: the rescale factor is a max-shift, which the abstraction does
-    # not see (module docstring); only the sum over the R iterations remains
-    return sum_(_loop(Op.ACC_RESCALE_SUM, blk), ins[0])
-
-
-def _matmul(attrs, ins, types, blk):
-    return sum_(types[0].shape[-1], mul(ins[0], ins[1]))
-
-
-def _input(attrs, ins, types, blk):
-    if "index" not in attrs:
-        raise SearchError(
-            "input: abstract_op needs the input's position as attrs['index']",
-            remedy="pass {'index': i} for the i-th INPUT node, or use var(i)",
-        )
-    return var(attrs["index"])
-
-
-def _input_iter(attrs, ins, types, blk):
-    if len(ins) != 1:
-        raise SearchError(
-            "input_iter: abstract_op needs the term of the graph_def operand it reads",
-            remedy="pass in_terms=(arg_terms[attrs['arg']],)",
-        )
-    return ins[0]
-
-
+# every op with a value of its own; OUTPUT, OUTPUT_SAVER, GRAPH_DEF and THREAD are structural
 LOWERING: dict[Op, Lower] = {
-    Op.INPUT: _input,
-    Op.INPUT_ITER: _input_iter,
-    Op.RESHAPE: _unary(lambda x: x),
-    Op.TRANSPOSE: _unary(lambda x: x),
-    Op.CAST: _unary(lambda x: x),
-    Op.MATMUL: _matmul,
-    Op.EXP: _unary(exp),
-    Op.LOG: _unary(lambda x: fn("log", x)),
-    Op.SQUARE: _unary(lambda x: mul(x, x)),
-    Op.SQRT: _unary(sqrt),
-    Op.RSQRT: _unary(lambda x: inv(sqrt(x))),
-    Op.SIGMOID: _unary(sigmoid),
-    Op.SILU: _unary(lambda x: mul(x, sigmoid(x))),
-    Op.GELU: _unary(_gelu),
-    Op.TANH: _unary(lambda x: fn("tanh", x)),
-    Op.ERF: _unary(lambda x: fn("erf", x)),
-    Op.RELU: _unary(lambda x: maximum(x, const(0))),
-    Op.NEG: _unary(neg),
-    Op.RECIPROCAL: _unary(inv),
-    Op.MUL_SCALAR: lambda attrs, ins, types, blk: mul(ins[0], const(attrs["scalar"])),
-    Op.ADD_SCALAR: lambda attrs, ins, types, blk: add(ins[0], const(attrs["scalar"])),
-    Op.POW_SCALAR: lambda attrs, ins, types, blk: _pow(ins[0], attrs["exponent"]),
-    Op.ADD: _binary(add),
-    Op.SUB: _binary(lambda a, b: add(a, neg(b))),
-    Op.MUL: _binary(mul),
-    Op.DIV: _binary(lambda a, b: mul(a, inv(b))),
-    Op.MAX: _binary(maximum),
-    Op.REDUCE_SUM: _reduction("sum"),
-    Op.REDUCE_MEAN: _reduction("mean"),
-    Op.REDUCE_RMS: _reduction("rms"),
-    Op.REDUCE_MAX: _reduction("max"),
-    Op.CONCAT: _binary(concat),
-    Op.ACC_SUM: _accumulator(Op.ACC_SUM),
-    Op.ACC_MEAN: _accumulator(Op.ACC_MEAN),
-    Op.ACC_MAX: _accumulator(Op.ACC_MAX),
-    Op.ACC_RMS: _accumulator(Op.ACC_RMS),
-    Op.ACC_RESCALE_SUM: _rescale_sum,
+    op: _Formula(op, op.info.abstract).compile() for op in Op if op.info.abstract
 }
 
 
@@ -393,6 +431,16 @@ def abstract_op(
         return block_output_terms(attrs["block"], in_terms)
     if op is Op.THREAD:
         return (thread_term(attrs["graph"], in_terms),)
+    if op is Op.INPUT and "index" not in attrs:
+        raise SearchError(
+            "input: abstract_op needs the input's position as attrs['index']",
+            remedy="pass {'index': i} for the i-th INPUT node, or use var(i)",
+        )
+    if op is Op.INPUT_ITER and len(in_terms) != 1:
+        raise SearchError(
+            "input_iter: abstract_op needs the term of the graph_def operand it reads",
+            remedy="pass in_terms=(arg_terms[attrs['arg']],)",
+        )
     lower = LOWERING.get(op)
     if lower is None:  # pragma: no cover - guards the table against a new Op
         raise SearchError(f"{op.value}: no abstract-expression lowering")

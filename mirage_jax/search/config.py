@@ -26,15 +26,6 @@ from mirage_jax.errors import SearchError
 from mirage_jax.ir.graph import KernelGraph
 from mirage_jax.ir.ops import ACCUMULATORS, COMPUTE, LAYOUT, SCALAR_UNARY, Op
 
-# Accumulators that carry each reduction across the for-loop.
-_ACC_FOR = {
-    Op.REDUCE_SUM: (Op.ACC_SUM,),
-    Op.MATMUL: (Op.ACC_SUM,),
-    Op.REDUCE_MEAN: (Op.ACC_MEAN,),
-    Op.REDUCE_RMS: (Op.ACC_RMS,),
-    Op.REDUCE_MAX: (Op.ACC_MAX, Op.ACC_RESCALE_SUM),
-}
-
 
 def _frozen_ops(ops: Any, what: str) -> frozenset[Op] | None:
     if ops is None:
@@ -196,7 +187,7 @@ def _default_kernel_ops(target: KernelGraph) -> frozenset[Op]:
 def _default_block_ops(target: KernelGraph) -> frozenset[Op]:
     ops = {n.op for n in target.nodes if n.op in COMPUTE}
     for op in list(ops):
-        ops.update(_ACC_FOR.get(op, ()))
+        ops.update(op.info.carried_by)  # the accumulators that carry it across the loop
     return frozenset(ops)
 
 
@@ -204,8 +195,7 @@ def _scalars(target: KernelGraph) -> dict[Op, tuple[float, ...]]:
     found: dict[Op, set[float]] = {}
     for n in target.nodes:
         if n.op in SCALAR_UNARY:
-            name = "exponent" if n.op is Op.POW_SCALAR else "scalar"
-            found.setdefault(n.op, set()).add(float(n.attr(name)))
+            found.setdefault(n.op, set()).add(float(n.attr(n.op.info.scalar_attr)))
     return {op: tuple(sorted(v)) for op, v in sorted(found.items(), key=lambda kv: kv[0].value)}
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,53 +158,53 @@ def _degrees(graph: Graph, args: Sequence[tuple[int, int]] | None) -> tuple[dict
     return degs, worst
 
 
-def _node_degree(node: Node, ins: list[tuple[int, int]]) -> tuple[tuple[int, int], int]:
-    op = node.op
+Degree = tuple[int, int]  # (numerator, denominator) degree of a rational function
+
+
+def _power(node: Node, ins: list[Degree], x: Degree) -> Degree:
+    e = node.attr("exponent")
+    if float(e).is_integer():
+        k = abs(int(e))
+        n, d = k * x[0], k * x[1]
+        return (d, n) if e < 0 else (n, d)
+    return _FRESH
+
+
+# The degree rules ``OpInfo.degree`` names: the result's degree from the operands' (``x`` is
+# the first). A fresh value is an uninterpreted function's, a max's or exp's (checked as its
+# own variable); tanh is a ratio of two such, sigmoid an inverse of one.
+DEGREE_RULES: dict[str, Callable[[Node, list[Degree], Degree], Degree]] = {
+    "same": lambda node, ins, x: x,
+    "fresh": lambda node, ins, x: _FRESH,
+    "inverse_fresh": lambda node, ins, x: (0, 1),
+    "fresh_ratio": lambda node, ins, x: (1, 1),
+    "times_inverse_fresh": lambda node, ins, x: (x[0], x[1] + 1),  # silu: x * sigmoid
+    "times_fresh_ratio": lambda node, ins, x: (x[0] + 1, x[1] + 1),  # gelu: 0.5 x (1 + tanh)
+    "reciprocal": lambda node, ins, x: (x[1], x[0]),
+    "square": lambda node, ins, x: (2 * x[0], 2 * x[1]),
+    "power": _power,
+    "sum": lambda node, ins, x: _add(ins[0], ins[1]),
+    # a matmul is a sum of products: denominators along k assumed shared (module docstring)
+    "product": lambda node, ins, x: (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]),
+    "quotient": lambda node, ins, x: (ins[0][0] + ins[1][1], ins[0][1] + ins[1][0]),
+    "shift": lambda node, ins, x: (max(x[0], x[1]), x[1]),
+    "either": lambda node, ins, x: (max(ins[0][0], ins[1][0]), max(ins[0][1], ins[1][1])),
+    "rescale": lambda node, ins, x: (ins[0][0] + 1, ins[0][1]),  # times exp(m_i - M)
+}
+
+
+def _node_degree(node: Node, ins: list[Degree]) -> tuple[Degree, int]:
+    """A node's result degree (``OpInfo.degree``) and the degree of the exponent it checks:
+    its operand's where the field computes it through exp (``OpInfo.exponentiates``), the
+    rescale's shift for acc_rescale_sum."""
+    info = node.op.info
     x = ins[0] if ins else (0, 0)
-    if op in (Op.EXP, Op.SIGMOID, Op.SILU, Op.TANH, Op.GELU):
-        w = x[0] + x[1]  # the exponent polynomial, checked mod q
-        if op is Op.EXP:
-            return _FRESH, w
-        if op is Op.SIGMOID:
-            return (0, 1), w
-        if op is Op.SILU:
-            return (x[0], x[1] + 1), w
-        if op is Op.TANH:
-            return (1, 1), w
-        return (x[0] + 1, x[1] + 1), w  # gelu: 0.5 x (1 + tanh(...))
-    if op in (Op.SQRT, Op.LOG, Op.ERF, Op.MAX, Op.RELU, Op.REDUCE_MAX, Op.REDUCE_RMS,
-              Op.ACC_MAX, Op.ACC_RMS):  # fmt: skip
-        return _FRESH, 0
-    if op is Op.RSQRT:
-        return (0, 1), 0
-    if op in (Op.RECIPROCAL,):
-        return (x[1], x[0]), 0
-    if op is Op.SQUARE:
-        return (2 * x[0], 2 * x[1]), 0
-    if op is Op.POW_SCALAR:
-        e = node.attr("exponent")
-        if float(e).is_integer():
-            k = abs(int(e))
-            n, d = k * x[0], k * x[1]
-            return ((d, n) if e < 0 else (n, d)), 0
-        return _FRESH, 0
-    if op in (Op.ADD, Op.SUB):
-        return _add(ins[0], ins[1]), 0
-    if op is Op.MUL:
-        return (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]), 0
-    if op is Op.DIV:
-        return (ins[0][0] + ins[1][1], ins[0][1] + ins[1][0]), 0
-    if op is Op.MATMUL:
-        # a sum of products: denominators along k assumed shared (module docstring)
-        return (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]), 0
-    if op is Op.ADD_SCALAR:
-        return (max(x[0], x[1]), x[1]), 0
-    if op is Op.ACC_RESCALE_SUM:
-        return (ins[0][0] + 1, ins[0][1]), ins[1][0] + ins[1][1]
-    if op is Op.CONCAT:
-        return (max(ins[0][0], ins[1][0]), max(ins[0][1], ins[1][1])), 0
-    # neg, mul_scalar, reduce_sum/mean, acc_sum/mean, layout ops: degree unchanged
-    return x, 0
+    out = DEGREE_RULES[info.degree](node, ins, x)
+    if info.exponentiates:
+        return out, x[0] + x[1]  # the exponent polynomial, checked mod q
+    if node.op is Op.ACC_RESCALE_SUM:
+        return out, ins[1][0] + ins[1][1]
+    return out, 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,8 +373,7 @@ def float_check(target: KernelGraph, candidate: KernelGraph, seed: int = 0) -> F
 
 
 __all__ = [
-    "FLOAT_TOLERANCE", "FFSpec", "FFVerdict", "FloatVerdict", "degree_bound", "ff_check",
-    "ff_check_many",
-    "ff_inputs", "ff_outputs", "false_acceptance_bound", "float_check", "pair_degree_bound",
-    "target_digest", "value_keys",
+    "DEGREE_RULES", "FLOAT_TOLERANCE", "FFSpec", "FFVerdict", "FloatVerdict", "degree_bound",
+    "false_acceptance_bound", "ff_check", "ff_check_many", "ff_inputs", "ff_outputs",
+    "float_check", "pair_degree_bound", "target_digest", "value_keys",
 ]  # fmt: skip

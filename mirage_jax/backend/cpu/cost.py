@@ -26,9 +26,8 @@ Per graph-defined kernel:
 - flops: tile matmuls at the measured rate of the register block the runtime picks for
   their M (``matmul.h``: all rows of a skinny product in one panel), plus a miss per row
   where B is a narrow strip of a wide tensor read in place (``_strided_rows``, calibrated),
-  elementwise ops and reductions
-  at the vector rate (transcendentals and divides cost ``_ELEMENT_OPS`` element operations),
-  accumulator updates, all times the iterations;
+  elementwise ops and reductions at the vector rate (transcendentals and divides cost
+  ``OpInfo.element_flops`` element operations), accumulator updates, all times the iterations;
 - working set: the live tiles of one block (operand tiles, intermediates, accumulators); past
   L2, copies and intermediates go to memory and back, past L1 intermediates stream through L2;
 - parallelism: a grid with fewer blocks than cores whose loop only folds mergeable
@@ -69,17 +68,6 @@ from mirage_jax.backend.work import (
 )
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase
 from mirage_jax.ir.ops import Op
-
-# Element operations per element of the ops that cost more than one vector op. Measured with
-# the runtime's float32 kernels (math.h) on 16 KiB rows in L1 on the 2-core Zen 5, against a
-# multiply at 53 G elements/s per core: exp 3.9, tanh 2.5, sqrt-then-divide 9, divide 24. The
-# others are composed from those (sigmoid and silu: an exp and a divide; log like exp; erf and
-# gelu like tanh; pow: a log and an exp), not measured.
-_ELEMENT_OPS = {
-    Op.EXP: 8.0, Op.LOG: 8.0, Op.SIGMOID: 9.0, Op.SILU: 9.0, Op.TANH: 12.0, Op.ERF: 12.0,
-    Op.GELU: 13.0, Op.POW_SCALAR: 16.0, Op.SQRT: 3.0, Op.RSQRT: 3.0, Op.DIV: 1.25,
-    Op.RECIPROCAL: 1.25,
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -168,8 +156,9 @@ def estimate(graph: KernelGraph, model: CpuModel | None = None) -> CpuCost:
 
 
 def _elem_cost(op: Op, size: int) -> float:
-    """Element-ops of one elementwise/reduction op over ``size`` elements."""
-    return size * _ELEMENT_OPS.get(op, 1.0)
+    """Element-ops of one elementwise/reduction op over ``size`` elements: ``OpInfo.element_flops``
+    per element (the table in ``ir.ops`` says how they were measured)."""
+    return size * op.info.element_flops
 
 
 def _matmul_rate(m: int, n: int, model: CpuModel) -> float:
@@ -256,7 +245,7 @@ def combined(memory: float, compute: float, model: CpuModel) -> float:
 def _node_flops(block: BlockGraph, node: NodeWork, model: CpuModel) -> tuple[float, float]:
     """(flops, seconds on one core) of one block node on its tiles, for one execution:
     elementwise ops count one flop per element of their largest operand (a thread graph's,
-    of its output) and cost ``_ELEMENT_OPS`` element operations."""
+    of its output) and cost ``OpInfo.element_flops`` element operations each."""
     if node.matmul is not None:
         mm = node.matmul
         return mm.flops, mm.flops / _matmul_rate(mm.m, mm.n, model) + _strided_rows(

@@ -26,9 +26,7 @@ import re
 from collections.abc import Callable
 
 from mirage_jax.backend.emit import (
-    BINARY_FUNCTOR,
     SECTION,
-    UNARY_FUNCTOR,
     KernelEmitter,
     Template,
     check_request,
@@ -38,6 +36,7 @@ from mirage_jax.backend.emit import (
     literal,
     lookup,
     node_text,
+    op_functor,
     op_group,
     shape_type,
     thread_steps,
@@ -45,7 +44,7 @@ from mirage_jax.backend.emit import (
 from mirage_jax.errors import CompileError
 from mirage_jax.ir.fuse import fuse_elementwise
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase, ThreadGraph
-from mirage_jax.ir.ops import ACCUMULATORS, NONE_DIM, REDUCTIONS, Op
+from mirage_jax.ir.ops import ACCUMULATORS, ELEMENTWISE, NONE_DIM, REDUCTIONS, Op
 from mirage_jax.ir.types import DType, TensorType
 
 _CTYPE = {DType.F32: "float", DType.F64: "double"}
@@ -75,8 +74,7 @@ TABLE: dict[Op, Template] = {
     Op.CAST: Template("map", "mj::op::Cast"),
     Op.MATMUL: Template("matmul"),  # matmul_acc when it feeds an acc_sum directly
     Op.CONCAT: Template("concat"),
-    **{op: Template("map", f"mj::op::{name}") for op, name in UNARY_FUNCTOR.items()},
-    **{op: Template("map", f"mj::op::{name}") for op, name in BINARY_FUNCTOR.items()},
+    **{op: Template("map", op_functor(op)) for op in Op if op in ELEMENTWISE},
     **{op: Template("reduce", f"mj::{name}") for op, name in _REDUCER.items()},
     **{op: Template("update", f"mj::{name}") for op, name in _ACCUMULATOR.items()},
 }
@@ -163,8 +161,7 @@ def _functor(node: Node, types: tuple[TensorType, ...]) -> str:
         e = node.attr("exponent")
         if float(e).is_integer() and abs(e) <= 64:
             return f"mj::op::PowInt<{int(e)}>{{}}"
-        if e in (0.5, -0.5):
-            return "mj::op::Sqrt{}" if e > 0 else "mj::op::Rsqrt{}"
+        # not Sqrt / Rsqrt for +-0.5: pow(-0, 0.5) is +0 and pow(-inf, 0.5) is +inf
         return f"mj::op::PowScalar{{{_literal(e)}}}"
     return f"{TABLE[op].functor}{{}}"
 

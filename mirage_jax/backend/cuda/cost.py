@@ -15,7 +15,7 @@ Per block graph (one kernel launch):
 - bytes: every input tile read (loop-varying tiles once per iteration) by every block; a
   tensor that fits in L2 is fetched from HBM once and its re-reads cost a tenth; outputs once;
 - flops: block matmuls at the tensor-core rate (f16/bf16 operands) or the FMA rate, other
-  ops at the FMA rate (transcendentals count 8);
+  ops at the FMA rate (``OpInfo.transcendental`` ops count 8);
 - time = launch + max(memory time, compute time, per-iteration latency), where memory and
   compute rates scale down when the grid leaves SMs idle (HBM needs about half the SMs
   streaming to saturate) and the latency term charges each wave of blocks its barriers and
@@ -37,10 +37,6 @@ from mirage_jax.ir.graph import BlockGraph, KernelGraph, Phase
 from mirage_jax.ir.ops import ACCUMULATORS, BINARY, ELEMENTWISE, REDUCTIONS, UNARY, Op
 from mirage_jax.ir.types import DType
 
-_TRANSCENDENTAL = frozenset(
-    {Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.SILU, Op.GELU, Op.TANH, Op.ERF,
-     Op.POW_SCALAR, Op.RECIPROCAL, Op.DIV}
-)  # fmt: skip
 # Registers per thread = base + factor x accumulator registers (+ mma fragments): fitted to
 # ptxas -v (nvcc 13, sm_90a) on the generated fused kernels of the benchmark shapes, where
 # ptxas used 47..159 registers; the fit is within about 15% except for attention in f32.
@@ -197,7 +193,7 @@ def _block_bytes(work: BlockWork, spec: GpuSpec) -> float:
 
 
 def _op_flops(elements: int, op: Op) -> float:
-    return elements * (8 if op in _TRANSCENDENTAL else 1)
+    return elements * (8 if op.info.transcendental else 1)
 
 
 def _block_flops(work: BlockWork, plan: BlockPlan) -> tuple[float, float]:

@@ -43,8 +43,6 @@ from mirage_jax.backend.cuda.plan import (
     sections,
 )
 from mirage_jax.backend.emit import (
-    BINARY_FUNCTOR,
-    UNARY_FUNCTOR,
     KernelEmitter,
     Template,
     check_request,
@@ -53,12 +51,13 @@ from mirage_jax.backend.emit import (
     literal,
     lookup,
     node_text,
+    op_functor,
     shape_type,
     thread_steps,
 )
 from mirage_jax.errors import CompileError
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, ThreadGraph
-from mirage_jax.ir.ops import ACCUMULATORS, BINARY, NONE_DIM, UNARY, Op
+from mirage_jax.ir.ops import ACCUMULATORS, BINARY, NONE_DIM, SCALAR_UNARY, UNARY, Op
 from mirage_jax.ir.types import DType, TensorType
 
 _FFI_DTYPE = {DType.F16: "F16", DType.BF16: "BF16", DType.F32: "F32", DType.F64: "F64"}
@@ -91,8 +90,8 @@ TABLE: dict[Op, Template] = {
     Op.CAST: Template("unary", "mj::op::Identity"),
     Op.MATMUL: Template("block_matmul"),  # Accumulator::mma when it feeds an acc_sum
     Op.CONCAT: Template("concat"),
-    **{op: Template("unary", f"mj::op::{name}") for op, name in UNARY_FUNCTOR.items()},
-    **{op: Template("binary", f"mj::op::{name}") for op, name in BINARY_FUNCTOR.items()},
+    **{op: Template("unary", op_functor(op)) for op in Op if op in UNARY},
+    **{op: Template("binary", op_functor(op)) for op in Op if op in BINARY},
     **{op: Template("reduce", f"mj::{name}") for op, name in _REDUCER.items()},
     **{op: Template("acc_update", f"mj::{name}") for op, name in _ACC_REDUCER.items()},
     Op.ACC_RESCALE_SUM: Template("acc_rescale_sum"),
@@ -122,10 +121,9 @@ def _literal(x: float) -> str:
 
 
 def _scalar(node: Node) -> str:
-    if node.op in (Op.MUL_SCALAR, Op.ADD_SCALAR):
-        return _literal(node.attr("scalar"))
-    if node.op is Op.POW_SCALAR:
-        return _literal(node.attr("exponent"))
+    """The scalar operand of a unary functor: the op's scalar attribute, else unused."""
+    if node.op in SCALAR_UNARY:
+        return _literal(node.attr(node.op.info.scalar_attr))
     return "0.0"
 
 

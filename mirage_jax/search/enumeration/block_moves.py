@@ -18,6 +18,7 @@ from mirage_jax.search.enumeration.rules import (
     COMMUTATIVE,
     EPI,
     INV,
+    TRIVIAL_ON_ITSELF,
     N,
     bcast,
     concat_shape,
@@ -104,7 +105,7 @@ def _binary_moves(ops: dict[str, Any], types: Sequence[TensorType], pool: list[i
         comm = op in COMMUTATIVE
         for u in pool:
             for v in pool:
-                if (comm and u > v) or (u == v and op is not Op.MUL and op is not Op.ADD):
+                if (comm and u > v) or (u == v and op in TRIVIAL_ON_ITSELF):
                     continue
                 if u not in must and v not in must:
                     continue

@@ -23,6 +23,7 @@ from mirage_jax.search.enumeration.index import (
 from mirage_jax.search.enumeration.rules import (
     COMMUTATIVE,
     OP_RANK,
+    TRIVIAL_ON_ITSELF,
     Shape,
     attr_key,
     bcast,
@@ -264,7 +265,7 @@ def _binary_candidates(ops: dict[str, Any], shp: list[Shape], vals: range) -> It
         comm = op in COMMUTATIVE
         for u in vals:
             for v in vals:
-                if (comm and u > v) or (u == v and op not in (Op.MUL, Op.ADD)):
+                if (comm and u > v) or (u == v and op in TRIVIAL_ON_ITSELF):
                     continue
                 s = bcast(shp[u], shp[v])
                 if s is not None:

@@ -12,7 +12,10 @@ from typing import Any
 from mirage_jax.ir.ops import NONE_DIM, SCALAR_UNARY, UNARY, Op
 
 OP_RANK: dict[Op, int] = {op: i for i, op in enumerate(Op)}
-COMMUTATIVE = frozenset({Op.ADD, Op.MUL, Op.MAX})
+COMMUTATIVE = frozenset(op for op in Op if op.info.commutative)
+# binary ops whose application to one value twice is that value or a constant (x - x, x / x,
+# max(x, x)): the enumeration never proposes them
+TRIVIAL_ON_ITSELF = frozenset(op for op in Op if op.info.trivial_on_itself)
 INV, BODY, EPI = 0, 1, 2  # value phases (ir.graph.Phase values)
 N = NONE_DIM
 
@@ -91,7 +94,7 @@ def unary_vocabulary(
     unary = []
     for op in ops:
         if op in SCALAR_UNARY:
-            name = "exponent" if op is Op.POW_SCALAR else "scalar"
+            name = op.info.scalar_attr
             vals = scalars.get(op, ())
             if vals:
                 unary.append((op, [((name, v),) for v in vals]))
