@@ -89,8 +89,10 @@ def _scalar_op(b: RegionBuilder, name: str, x: View, c: float, scalar_right: boo
         return b.apply(Op.POW_SCALAR, v, exponent=c)
     if name == "max" and c in (0.0, -math.inf):
         return b.apply(Op.RELU, v) if c == 0.0 else v
-    if name == "min" and c in (0.0, math.inf):  # min(x, 0) == -relu(-x)
-        return b.apply(Op.NEG, b.apply(Op.RELU, b.apply(Op.NEG, v))) if c == 0.0 else v
+    # not min(x, 0) as -relu(-x): that is -0 for x > 0, where XLA gives +0 (and 1 / that is
+    # -inf, not inf); the 0 becomes an input and min is -max(-x, -0.0), exact in the zeros too
+    if name == "min" and c == math.inf:
+        return v
     return None
 
 

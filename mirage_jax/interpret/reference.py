@@ -21,8 +21,6 @@ import numpy as np
 
 from mirage_jax.errors import GraphError, MirageError
 from mirage_jax.interpret.walker import (
-    GELU_C,
-    GELU_K,
     NumberSystem,
     batched_matmul,
     check_arity,
@@ -31,6 +29,7 @@ from mirage_jax.interpret.walker import (
     kernel_values,
 )
 from mirage_jax.ir.graph import Graph, KernelGraph
+from mirage_jax.ir.ops import GELU_C, GELU_K
 from mirage_jax.ir.types import DType, TensorType
 
 _PRECISIONS = (None, "float64")
@@ -128,7 +127,11 @@ class FloatSystem(NumberSystem):
         return _up(x) + float(c)
 
     def pow_scalar(self, x, e: float):
-        return np.power(_up(x), e)
+        x = _up(x)
+        if float(e).is_integer():
+            return np.power(x, e)
+        # numpy gives NaN for (-inf) ** 0.5; C's pow and XLA give pow(+inf, e)
+        return np.where(x == -np.inf, np.power(np.inf, e), np.power(x, e)).astype(x.dtype)
 
     def reduce_sum(self, x, axis):
         return np.sum(_up(x), axis=axis, keepdims=True)
@@ -150,6 +153,12 @@ class FloatSystem(NumberSystem):
         # online softmax starts from -inf maxima: exp(-inf - -inf) must be exp(0) = 1
         a, b = _up(a), _up(b)
         return np.where(a == b, np.ones((), a.dtype), np.exp(a - b))
+
+    def rescaled(self, x, m, top):
+        # a fully masked tile (max -inf) adds nothing, though its x is NaN: XLA's softmax of
+        # the row is defined when another tile has a finite score
+        term = self.mul(x, self.exp_diff(m, top))
+        return np.where(_up(m) == -np.inf, np.zeros((), term.dtype), term)
 
 
 def evaluate(

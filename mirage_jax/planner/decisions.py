@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mirage_jax.ir import KernelGraph, parse
-from mirage_jax.store import Namespace, StoreStats, namespace
+from mirage_jax.store import CACHE_ENV, Namespace, StoreStats, namespace
 from mirage_jax.version import __version__
 
 FORMAT = 1
 _DECISIONS = namespace("decisions")
+log = logging.getLogger("mirage_jax")
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,14 @@ def _payload_hash(payload: dict[str, Any]) -> str:
 
 
 def load(key: str, root: Path | None = None) -> Decision | None:
-    """The decision cached under ``key``, or None (missing, or corrupt and now deleted)."""
+    """The decision cached under ``key``, or None (missing, or corrupt and now deleted; or the
+    cache cannot be used, which is logged)."""
     space = _space(root)
-    return space.load(space.entry(f"{key}.json"), lambda path: _decode(path.read_text()))
+    try:
+        return space.load(space.entry(f"{key}.json"), lambda path: _decode(path.read_text()))
+    except OSError as err:  # e.g. a corrupt entry in a read-only cache: cannot be replaced
+        _unusable(space, err)
+        return None
 
 
 def _decode(text: str) -> Decision:
@@ -79,7 +86,8 @@ def _decode(text: str) -> Decision:
 
 
 def store(key: str, decision: Decision, root: Path | None = None) -> Path:
-    """Record ``decision`` under ``key``; returns the entry's path."""
+    """Record ``decision`` under ``key``; returns the entry's path (not written, with a
+    warning, when the cache cannot be written)."""
     payload = {
         "graph": str(decision.graph) if decision.graph is not None else None,
         "reason": decision.reason,
@@ -90,5 +98,15 @@ def store(key: str, decision: Decision, root: Path | None = None) -> Path:
     entry = {"format": FORMAT, "payload": payload, "sha256": _payload_hash(payload)}
     space = _space(root)
     path = space.entry(f"{key}.json")
-    space.publish_text(path, json.dumps(entry, sort_keys=True))
+    try:
+        space.publish_text(path, json.dumps(entry, sort_keys=True))
+    except OSError as err:  # the plan stands; it is only not remembered
+        _unusable(space, err)
     return path
+
+
+def _unusable(space: Namespace, err: OSError) -> None:
+    log.warning("the decision cache at %s cannot be used (%s: %s); this region is planned "
+                "again by the next process. remedy: make it writable, or set %s to a "
+                "writable directory", space.directory, err.strerror or err, err.filename,
+                CACHE_ENV)  # fmt: skip

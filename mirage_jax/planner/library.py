@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mirage_jax.backend import KernelCall, get_backend
-from mirage_jax.errors import LibraryError, MirageError
+from mirage_jax.errors import LibraryError, MirageError, RuntimeLoadError
 from mirage_jax.ir import parse
 from mirage_jax.planner.decisions import Decision
 from mirage_jax.version import __version__
@@ -88,13 +88,28 @@ def load_library(path: str | Path) -> int:
             remedy="precompile it on (or for) this kind of machine",
         )
     lib_path, key = root / "lib" / LIB_NAME, _library_key(manifest)
-    for region in manifest["regions"]:
-        graph = parse(region["graph"]) if region["graph"] else None
-        kernel = (backend.load_library_kernel(lib_path, key, graph, region["symbol"])
-                  if graph is not None else None)  # fmt: skip
-        decision = Decision(graph, region["reason"], region["mirage_s"], region["xla_s"])
-        _ENTRIES[region["key"]] = LibraryEntry(decision, kernel)
-    return len(manifest["regions"])
+    entries = {}  # registered only once every region of the manifest reads back
+    try:
+        for region in manifest["regions"]:
+            graph = parse(region["graph"]) if region["graph"] else None
+            kernel = (backend.load_library_kernel(lib_path, key, graph, region["symbol"])
+                      if graph is not None else None)  # fmt: skip
+            decision = Decision(graph, region["reason"], region["mirage_s"], region["xla_s"])
+            entries[region["key"]] = LibraryEntry(decision, kernel)
+    except LibraryError:
+        raise
+    except RuntimeLoadError as err:  # the built library itself: truncated, or not loadable
+        raise LibraryError(f"kernel library {root} cannot be loaded: {err.cause}",
+                           remedy="build it again (cmake in the library directory) or "
+                           "precompile it again") from None  # fmt: skip
+    # a manifest that parses as JSON but not as a library: fields missing, of the wrong type,
+    # or a μGraph text that does not parse
+    except (KeyError, TypeError, ValueError, AttributeError, MirageError) as err:
+        cause = err.cause if isinstance(err, MirageError) else f"{type(err).__name__}: {err}"
+        raise LibraryError(f"{root}/manifest.json is corrupt ({cause})",
+                           remedy="precompile the library again") from None  # fmt: skip
+    _ENTRIES.update(entries)
+    return len(entries)
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:

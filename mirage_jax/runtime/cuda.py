@@ -21,6 +21,7 @@ from typing import Any
 import jax
 
 from mirage_jax.errors import RuntimeLoadError
+from mirage_jax.runtime.loader import check_shared_object
 
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL] = {}  # keeps loaded libraries (and their handlers) alive
@@ -41,6 +42,7 @@ def open_library(path: Path) -> ctypes.CDLL:
     key = str(path)
     lib = _libs.get(key)
     if lib is None:
+        check_shared_object(path)
         try:
             lib = ctypes.CDLL(key)
         except OSError as err:

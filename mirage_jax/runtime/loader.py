@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,16 +59,53 @@ def load_kernel(lib: CompiledLibrary, symbol: str) -> str:
     return name
 
 
+def check_shared_object(path: Path) -> None:
+    """Refuse a 64-bit ELF file whose loadable segments end past the end of the file.
+
+    The dynamic loader maps such a file (a truncated copy, an interrupted download) without
+    complaint, and the process dies of SIGBUS at the first touch of a missing page; this turns
+    that into an error. Files that are not little-endian ELF64 are left to the loader."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 16)
+        size = path.stat().st_size
+    except OSError as exc:
+        raise RuntimeLoadError(f"cannot read the kernel library {path}: {exc}",
+                               remedy=_REBUILD) from exc  # fmt: skip
+    if len(data) < 64 or data[:6] != b"\x7fELF\x02\x01":
+        return
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<4H", data, 0x36)
+    end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    for i in range(phnum):
+        at = phoff + i * phentsize
+        if at + 40 > len(data):
+            break
+        p_type, = struct.unpack_from("<I", data, at)
+        p_offset, = struct.unpack_from("<Q", data, at + 8)
+        p_filesz, = struct.unpack_from("<Q", data, at + 32)
+        if p_type == 1:  # PT_LOAD
+            end = max(end, p_offset + p_filesz)
+    if end > size:
+        raise RuntimeLoadError(
+            f"the kernel library {path} is truncated: {size} bytes where its ELF headers "
+            f"need {end}", remedy=_REBUILD)  # fmt: skip
+
+
+_REBUILD = ("delete it so it is rebuilt (it may be truncated or built for another machine), "
+            "or clear the cache directory ($MIRAGE_JAX_CACHE_DIR)")
+
+
 def _open(path: Path) -> ctypes.CDLL:
     lib = _libraries.get(path)
     if lib is None:
+        check_shared_object(path)
         try:
             lib = ctypes.CDLL(str(path))
         except OSError as exc:
             raise RuntimeLoadError(
-                f"could not load the kernel library {path}: {exc}",
-                remedy="delete it so it is rebuilt (it may be truncated or built for another "
-                "machine), or clear the cache directory ($MIRAGE_JAX_CACHE_DIR)",
+                f"could not load the kernel library {path}: {exc}", remedy=_REBUILD
             ) from exc
         _libraries[path] = lib
     return lib

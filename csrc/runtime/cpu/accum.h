@@ -31,9 +31,15 @@ struct ExpSub {
   template <class U>
   MJ_INLINE U operator()(U a, U b) const { return a == b ? splat<U>(1) : fm::exp(a - b); }
 };
+// acc * s + x * w, where x from a tile whose max m is -inf (every score of the tile masked)
+// adds nothing: such an x is NaN (its scores were shifted by exp(-inf - -inf)), while XLA's
+// softmax of the row is defined as soon as another tile has a finite score.
 struct Rescale {
   template <class U>
-  MJ_INLINE U operator()(U acc, U x, U s, U w) const { return acc * s + x * w; }
+  MJ_INLINE U operator()(U acc, U x, U s, U w, U m) const {
+    const U term = x * w;
+    return acc * s + (m == -std::numeric_limits<lane_t<U>>::infinity() ? U{} : term);
+  }
 };
 
 // Shared by sum / mean / max / rms: out folds R over iterations (and over Dim).
@@ -93,7 +99,7 @@ struct AccRescaleSum {
     map(ExpSub{}, scale, max, next);
     map(ExpSub{}, weight, m, next);
     map(op::Identity{}, max, next);
-    map(Rescale{}, out, out, x, scale, weight);
+    map(Rescale{}, out, out, x, scale, weight, m);
   }
   MJ_INLINE void finish() {}
 };

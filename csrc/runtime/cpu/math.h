@@ -121,6 +121,7 @@ MJ_INLINE T tanh_f32(T x) {
   p = p * z + 1.33314422036e-1f;
   p = p * z - 3.33332819422e-1f;
   T small = p * z * x + x;
+  small = x == 0.0f ? x : small;  // tanh(-0) = -0: x + (-0 * z * p) would round to +0
   T ax = abs_f(x);
   T big = copysign_f(1.0f - 2.0f / (exp_f32(ax + ax) + 1.0f), x);
   return ax < 0.625f ? small : big;
@@ -186,10 +187,26 @@ MJ_INLINE vf32 sqrt(vf32 x) { return lanewise(x, [](float v) { return __builtin_
 MJ_INLINE vf64 sqrt(vf64 x) { return lanewise(x, [](double v) { return __builtin_sqrt(v); }); }
 #endif
 
-// NaN-propagating max (as jnp.maximum): a NaN in either operand gives NaN.
+// Bitwise AND of two float or double scalars or vectors.
+template <class T>
+MJ_INLINE T and_bits(T a, T b) {
+  using S = lane_t<T>;
+  using I = std::conditional_t<sizeof(S) == 4, std::int32_t, std::int64_t>;
+  if constexpr (is_vec<T>) {
+    using VI = vec_t<I>;
+    return reinterpret_cast<T>(reinterpret_cast<VI>(a) & reinterpret_cast<VI>(b));
+  } else {
+    return __builtin_bit_cast(S, __builtin_bit_cast(I, a) & __builtin_bit_cast(I, b));
+  }
+}
+
+// NaN-propagating max, as XLA's: a NaN in either operand gives NaN, and +0 is above -0
+// (max(+0, -0) = +0 in either order; min = -max(-a, -b) then gives -0). Equal operands AND
+// their bits: the only equal values whose bits differ are +0 and -0.
 template <class T>
 MJ_INLINE T max_nan(T a, T b) {
   T m = a > b ? a : b;
+  m = a == b ? and_bits(a, b) : m;
   return a != a ? a : m;
 }
 
@@ -227,7 +244,8 @@ MJ_UNARY(Silu, x * fm::sigmoid(x))
 MJ_UNARY(Gelu, x * fm::sigmoid(x * (S(1.5957691216057308) + S(0.07135481627260025) * x * x)))
 MJ_UNARY(Tanh, fm::tanh(x))
 MJ_UNARY(Erf, fm::erf(x))
-MJ_UNARY(Relu, x < S(0) ? T{} : x)
+// max(x, 0) as XLA: NaN stays NaN, -0 becomes +0
+MJ_UNARY(Relu, x > S(0) ? x : (x != x ? x : T{}))
 MJ_UNARY(Neg, -x)
 MJ_UNARY(Reciprocal, S(1) / x)
 #undef MJ_UNARY
@@ -258,11 +276,25 @@ struct PowInt {
     }
   }
 };
-// x^c for a non-integer c: exp(c log x); NaN for x < 0 as in pow.
+// x^c for a non-integer c, with pow's special values (as XLA): NaN for finite x < 0,
+// pow(-0, c) = +0 for c > 0 and +inf for c < 0, pow(-inf, c) = +inf for c > 0 and +0 for
+// c < 0. c = +-0.5 is a square root; others are exp(c log x).
 struct PowScalar {
   double c;
   template <class T>
-  MJ_INLINE T operator()(T x) const { return fm::exp(fm::log(x) * lane_t<T>(c)); }
+  MJ_INLINE T operator()(T x) const {
+    using S = lane_t<T>;
+    const S inf = std::numeric_limits<S>::infinity();
+    T y;
+    if (c == 0.5) {
+      y = fm::sqrt(x) + S(0);  // + 0 turns sqrt(-0) = -0 into +0
+    } else if (c == -0.5) {
+      y = S(1) / (fm::sqrt(x) + S(0));
+    } else {
+      y = fm::exp(fm::log(x) * S(c));  // log(-inf) is NaN: -inf is patched below
+    }
+    return x == -inf ? splat<T>(c > 0 ? inf : S(0)) : y;
+  }
 };
 
 #define MJ_BINARY(NAME, EXPR)                     \

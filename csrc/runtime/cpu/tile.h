@@ -86,4 +86,16 @@ MJ_INLINE void store_tile(T* dst, const Tile<T, TSh>& tile, const BlockIdx& b, i
   copy_region<TSh, Full, TSh>(dst + tile_offset<Full, TSh, OMap, FDim>(b, it), tile.data);
 }
 
+// A block graph may save an input tile as it is; the emitter reads such a tile where it lies,
+// as a view of a dense run of its tensor or as a TileRef with its tensor's strides.
+template <class Full, class OMap, int FDim, class T, class U, class TSh>
+MJ_INLINE void store_tile(T* dst, const View<U, TSh>& tile, const BlockIdx& b, i64 it) {
+  copy_region<TSh, Full, TSh>(dst + tile_offset<Full, TSh, OMap, FDim>(b, it), tile.data);
+}
+template <class Full, class OMap, int FDim, class T, class U, class TSh, class Src, i64 Next>
+MJ_INLINE void store_tile(T* dst, const TileRef<U, TSh, Src, Next>& tile, const BlockIdx& b,
+                          i64 it) {
+  copy_region<TSh, Full, Src>(dst + tile_offset<Full, TSh, OMap, FDim>(b, it), tile.data);
+}
+
 }  // namespace mj

@@ -139,9 +139,11 @@ MJ_HD C neg_inf() {
   return -static_cast<C>(INFINITY);
 }
 
-// NaN-propagating max, like jnp.maximum.
+// NaN-propagating max, like jnp.maximum, with +0 above -0 as in XLA: of equal operands, a + b
+// is +0 for +0 and -0 (and -0 only for two -0s); other equal operands are returned as they are.
 template <class C>
 MJ_HD C m_max(C a, C b) {
+  if (a == b) return a + b == C(0) ? a + b : a;
   return (a != a || a > b) ? a : b;
 }
 

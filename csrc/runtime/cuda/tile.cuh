@@ -196,9 +196,12 @@ MJ_DEV void acc_rescale_sum(A* __restrict__ acc, A* __restrict__ run, A* __restr
   __syncthreads();
   for (int i = thread_id(); i < LX::size; i += NT) {
     const int j = bcast_offset<LX, LM>(i);
-    const A mx = next[j], old = run[j];
+    const A mx = next[j], old = run[j], mj = cvt<A>(m[j]);
     const A scale = old == neg_inf<A>() ? A(0) : m_exp(old - mx);
-    acc[i] = acc[i] * scale + cvt<A>(x[i]) * m_exp(cvt<A>(m[j]) - mx);
+    // a tile whose scores are all masked (max -inf) adds nothing: its x is NaN, while XLA's
+    // softmax of the row is defined as soon as another tile has a finite score
+    const A term = mj == neg_inf<A>() ? A(0) : cvt<A>(x[i]) * m_exp(mj - mx);
+    acc[i] = acc[i] * scale + term;
   }
   __syncthreads();
   for (int i = thread_id(); i < LM::size; i += NT) run[i] = next[i];

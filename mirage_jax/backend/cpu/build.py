@@ -13,6 +13,7 @@ at import time, so importing mirage_jax needs no compiler.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import json
@@ -103,9 +104,24 @@ def compile_shared_library(
     def metadata() -> dict[str, object]:
         return _metadata(key, name_hint, compiler, flags, isa)
 
-    _, built = _LIBRARIES.get_or_build(lib_path, build, metadata)
+    try:
+        _, built = _LIBRARIES.get_or_build(lib_path, build, metadata)
+    except OSError as err:  # the store publishes atomically: nothing half-written is left
+        raise cache_write_error(err, _LIBRARIES.directory) from err
     _count("compiles" if built else "cache_hits")
     return CompiledLibrary(lib_path, key)
+
+
+def cache_write_error(err: OSError, directory: Path) -> CompileError:
+    """The error for a kernel that could not be stored in the cache (read-only, full, ...)."""
+    where = f"{err.filename}" if err.filename else str(directory)
+    if err.errno == errno.ENOSPC:
+        remedy = (f"free space on the disk holding {directory}, or set {CACHE_ENV} to a "
+                  "directory on another disk")  # fmt: skip
+    else:
+        remedy = f"make {directory} writable, or set {CACHE_ENV} to a writable directory"
+    return CompileError(f"the kernel cache at {directory} cannot be written: "
+                        f"{err.strerror or err} ({where})", remedy=remedy)  # fmt: skip
 
 
 # --- the compiler ---------------------------------------------------------------------------
