@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,9 +29,16 @@ from mirage_jax.errors import MirageError
 from mirage_jax.frontend import TracedProgram, trace
 from mirage_jax.planner.autodiff import with_derivatives
 from mirage_jax.planner.batching import with_batching
-from mirage_jax.planner.region import RegionPlan, plan_region
+from mirage_jax.planner.region import RegionPlan, plan_regions
 
 log = logging.getLogger("mirage_jax")
+# MIRAGE_JAX_DEBUG=1 shows the search's stage-by-stage detail (DEBUG) wherever the user's
+# logging prints, unless the user gave this logger a level; egglog's own logs are let through
+# by mirage_jax.search.egraph.quiet_egglog, which reads the same variable (not imported here:
+# it loads egglog)
+_DEBUG = os.environ.get("MIRAGE_JAX_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+if _DEBUG and log.level == logging.NOTSET:
+    log.setLevel(logging.DEBUG)
 
 STRATEGIES = ("search", "as_is", "xla")
 
@@ -44,6 +52,9 @@ class OptimizeOptions:
     verify: bool = True  # check every compiled region against XLA on random inputs
     cache: bool = True  # reuse and record decisions in the on-disk cache
     config: Any = None  # mirage_jax.search.config.SearchConfig or None for the defaults
+    # where the search's tasks run: None for a local process pool per search; a Dask
+    # distributed.Client (or any concurrent.futures.Executor) searches all regions at once on it
+    executor: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -134,12 +145,15 @@ def optimize(
     verify: bool = True,
     cache: bool = True,
     static_argnums: int | Sequence[int] = (),
+    executor: Any = None,
 ) -> Any:
     """Superoptimize ``fn``'s supported regions with Mirage; the rest stays with XLA.
 
     Usable as ``@optimize`` or ``@optimize(config=SearchConfig(...), static_argnums=...)``.
+    ``executor``: where the searches run (see ``OptimizeOptions.executor``), e.g. a
+    ``distributed.Client``; set ``SearchConfig(workers=...)`` to its thread count to use it all.
     """
-    options = OptimizeOptions(strategy, require_speedup, verify, cache, config)
+    options = OptimizeOptions(strategy, require_speedup, verify, cache, config, executor)
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
 
     def wrap(f: Callable[..., Any]) -> Optimized:
@@ -185,8 +199,7 @@ def _build_plan(
     backend = backend_for(jax.tree_util.tree_leaves(
         [a for i, a in enumerate(args) if i not in static_argnums]))  # fmt: skip
     with jax.ensure_compile_time_eval():
-        regions = tuple(plan_region(program, region, options, backend)
-                        for region in program.regions)  # fmt: skip
+        regions = plan_regions(program, options, backend)
     impls = {p.index: _transformable(p.impl, program.region_callable(p.index), options)
              for p in regions if p.impl is not None}  # fmt: skip
     for p in regions:

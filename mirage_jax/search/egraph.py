@@ -10,13 +10,22 @@ term is found bottom-up from the classes of its children.
 Encoding: n-ary ``add``/``mul`` terms become left-nested binary nodes (the e-graph holds every
 bracketing and order once the AC axioms have run); ``sum`` carries its extent as an ``i64``,
 ``const`` its value as a ``BigRat``, ``fn`` its name as a ``String``.
+
+Logging: egglog's Rust crates log every command and rule report through Python loggers named
+after their modules (``egglog.egraph``, ``egglog_bridge.rule``, ...): over a thousand INFO lines
+per saturation. While this module drives egglog those records stop below WARNING
+(``quiet_egglog``) unless ``MIRAGE_JAX_DEBUG`` is set.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import os
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
 
@@ -255,6 +264,83 @@ def axiom_ruleset(axioms: Sequence[Axiom] = AXIOMS) -> Ruleset:
 
 
 # ---------------------------------------------------------------------------------------------
+# egglog's logging
+
+# the crates of egglog 13 that log (pyo3-log names a record's logger after its Rust module
+# path, so every logger of theirs sits under one of these); crates added later are found by
+# name among the loggers that exist when the gate closes
+_EGGLOG_CRATES = ("egglog", "egglog_ast", "egglog_bridge", "egglog_concurrency",
+                  "egglog_core_relations", "egglog_experimental", "egglog_numeric_id",
+                  "egglog_reports", "egglog_union_find")  # fmt: skip
+
+
+def debug_enabled() -> bool:
+    """``MIRAGE_JAX_DEBUG`` is set (to anything but 0/false/no/off): show egglog's logs."""
+    flag = os.environ.get("MIRAGE_JAX_DEBUG", "").strip().lower()
+    return flag not in ("", "0", "false", "no", "off")
+
+
+class _WarningsOnward(logging.Handler):
+    """Stands in for propagation at a crate's top logger while the gate is closed: WARNING and
+    above go on to the handlers above it, as propagation would take them; the rest stop."""
+
+    def __init__(self, above: logging.Logger) -> None:
+        super().__init__()
+        self._above = above
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:
+            self._above.callHandlers(record)
+
+
+_gate_lock = threading.Lock()
+_gate_depth = 0
+_gate_saved: list[tuple[logging.Logger, _WarningsOnward]] = []
+
+
+def _crate_loggers() -> list[logging.Logger]:
+    found = set(_EGGLOG_CRATES)
+    found.update(name.split(".")[0] for name in list(logging.root.manager.loggerDict)
+                 if name.startswith("egglog"))  # fmt: skip
+    return [logging.getLogger(name) for name in sorted(found)]
+
+
+@contextmanager
+def quiet_egglog() -> Iterator[None]:
+    """egglog's records below WARNING stop at its crates' top loggers for the duration.
+
+    Why not raise those loggers' levels: pyo3-log caches each Rust module's effective level at
+    its first record, so a level raised then would silence that module for the rest of the
+    process, also after we restored it. Closing propagation leaves levels (and that cache) as
+    the user set them. A handler the user attached to an egglog logger still sees everything,
+    and a crate logger the user stopped from propagating is left alone. Re-entrant and
+    thread-safe: the gate opens when the last holder leaves."""
+    global _gate_depth
+    if debug_enabled():
+        yield
+        return
+    with _gate_lock:
+        if _gate_depth == 0:
+            for logger in _crate_loggers():
+                if logger.propagate and logger.parent is not None:
+                    gate = _WarningsOnward(logger.parent)
+                    logger.addHandler(gate)
+                    logger.propagate = False
+                    _gate_saved.append((logger, gate))
+        _gate_depth += 1
+    try:
+        yield
+    finally:
+        with _gate_lock:
+            _gate_depth -= 1
+            if _gate_depth == 0:
+                for logger, gate in _gate_saved:
+                    logger.removeHandler(gate)
+                    logger.propagate = True
+                _gate_saved.clear()
+
+
+# ---------------------------------------------------------------------------------------------
 # saturation and the frozen table
 
 
@@ -358,7 +444,8 @@ class EGraphIndex:
         return cls
 
     def check_with_egglog(self, term: Term) -> bool:
-        return self._egraph.check_bool(to_egglog(term))
+        with quiet_egglog():
+            return self._egraph.check_bool(to_egglog(term))
 
 
 def _egraph_size(egraph: EGraph) -> int:
@@ -378,6 +465,17 @@ def saturate(
     ``stats.saturated`` is True when every step of the schedule finished (each unbounded step
     reached its fixpoint); ``stats.stop_reason`` names the limit hit otherwise.
     """
+    with quiet_egglog():
+        return _saturate(targets, budget, stats, axioms, schedule)
+
+
+def _saturate(
+    targets: Sequence[Term],
+    budget: SaturationBudget,
+    stats: OracleStats | None,
+    axioms: Sequence[Axiom],
+    schedule: Sequence[tuple[str, int | None]],
+) -> EGraphIndex:
     stats = stats if stats is not None else OracleStats()
     start = time.perf_counter()
     egraph = EGraph()
@@ -429,6 +527,6 @@ def _run_schedule(
 
 
 __all__ = [
-    "EGraphIndex", "MjSplit", "MjTerm", "axiom_rewrites", "axiom_ruleset", "extents",
-    "saturate", "split_table", "to_egglog",
+    "EGraphIndex", "MjSplit", "MjTerm", "axiom_rewrites", "axiom_ruleset", "debug_enabled",
+    "extents", "quiet_egglog", "saturate", "split_table", "to_egglog",
 ]  # fmt: skip

@@ -1,12 +1,17 @@
 """The search's worker side: module-level, picklable task functions with per-process
-caches, and the executors they run on (a spawn-safe process pool, or inline)."""
+caches, and the executors they run on (a process pool that never re-runs the user's
+``__main__``, or inline)."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import multiprocessing
+import io
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing import popen_spawn_posix, reduction, resource_tracker, spawn, util
+from multiprocessing.context import SpawnContext, SpawnProcess, set_spawning_popen
 from typing import Any
 
 from mirage_jax.ir.graph import KernelGraph
@@ -36,29 +41,134 @@ class InlineExecutor(cf.Executor):
 
 
 def default_executor(workers: int) -> cf.Executor:
+    """``workers`` fresh interpreters that import only ``mirage_jax`` (see ``_MainlessPopen``),
+    or the inline executor for ``workers <= 1``."""
     if workers <= 1:
         return InlineExecutor()
-    return cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    return cf.ProcessPoolExecutor(workers, mp_context=_MAINLESS)
 
 
-_STATE: dict[Any, Any] = {}
+# The pool's processes must start clean and must not run the user's program again.
+#
+# Clean: the parent has jax (and its thread pools) loaded, so a plain fork could copy a lock
+# held by another thread; every worker is a fresh interpreter instead.
+#
+# Not the user's program: with the "spawn" start method, ``spawn.get_preparation_data`` tells
+# the child where the parent's ``__main__`` came from (``init_main_from_path`` for a script,
+# ``init_main_from_name`` for ``python -m``) and the child's ``spawn.prepare`` runs it again as
+# ``__mp_main__`` before it takes a task. A script without an ``if __name__ == "__main__":``
+# guard then calls the optimized function again inside the worker, which starts a pool of its
+# own during its bootstrapping phase and dies with multiprocessing's bootstrapping error; code
+# on standard input is sent as the path ``<cwd>/<stdin>`` and every worker dies with
+# FileNotFoundError (BrokenProcessPool in the parent). "forkserver" does not avoid it (CPython
+# 3.11-3.13): its children are handed the same preparation data and run the same
+# ``spawn.prepare``, and the server's default preload, ``["__main__"]``, runs the script once
+# more in the server itself; ``set_forkserver_preload`` only changes where it runs, and it is
+# process-wide state the user's own multiprocessing shares.
+#
+# So the pool's processes are spawned by a launcher of our own that sends the same
+# preparation data less those two keys. Nothing a worker runs needs the user's module: the task
+# functions live here and what they receive is text, configs and tuples. The child side is
+# multiprocessing's own ``spawn_main``, so everything else (sys.path, cwd, authkey, the
+# resource tracker, the queues' pickling) is what "spawn" does.
+_MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
+
+
+class _MainlessPopen(popen_spawn_posix.Popen):
+    """The "spawn" launcher with the parent's ``__main__`` left out of the child's
+    preparation data."""
+
+    def _launch(self, process_obj: Any) -> None:
+        tracker_fd = resource_tracker.getfd()
+        self._fds.append(tracker_fd)
+        data = spawn.get_preparation_data(process_obj._name)
+        for key in _MAIN_KEYS:
+            data.pop(key, None)
+        payload = io.BytesIO()
+        # the queues in the process's arguments pickle their fds through the spawning popen
+        set_spawning_popen(self)
+        try:
+            reduction.dump(data, payload)
+            reduction.dump(process_obj, payload)
+        finally:
+            set_spawning_popen(None)
+        # two pipes: the child reads its payload from one; the other's read end, kept here,
+        # is the process's sentinel (readable once the child exits)
+        sentinel_r, sentinel_w = os.pipe()
+        payload_r, payload_w = os.pipe()
+        try:
+            self._fds += [payload_r, sentinel_w]
+            cmd = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=payload_r)
+            self.pid = util.spawnv_passfds(spawn.get_executable(), cmd, self._fds)
+            self.sentinel = sentinel_r
+            with open(payload_w, "wb", closefd=False) as pipe:
+                pipe.write(payload.getbuffer())
+        finally:
+            self.finalizer = util.Finalize(self, util.close_fds, (sentinel_r, payload_w))
+            os.close(payload_r)
+            os.close(sentinel_w)
+
+
+class _MainlessProcess(SpawnProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> _MainlessPopen:
+        return _MainlessPopen(process_obj)
+
+
+class _MainlessContext(SpawnContext):
+    Process = _MainlessProcess
+
+
+_MAINLESS = _MainlessContext()
+
+
+class TaskLost(Exception):
+    """A task that did not run to completion because its worker (or the pool) was lost.
+
+    The contract between the search and any executor: a future raises ``TaskLost``,
+    ``concurrent.futures.CancelledError`` or ``BrokenExecutor`` only when the task did not run;
+    an error of the task itself is raised as it is. The search sends a lost task again, then
+    runs it here or reports it as not run (``runner.TASK_RETRIES``)."""
+
+
+# Per thread: an egglog e-graph may only be dropped on the thread that made it, and this
+# process may explore several regions at once on threads of its own.
+_LOCAL = threading.local()
+# a long-lived worker (a Dask cluster's) serves search after search: keep the contexts of the
+# most recent few searches, not every e-graph it ever saturated
+_MAX_STATE = 16
+
+
+def _state() -> dict[Any, Any]:
+    if not hasattr(_LOCAL, "state"):
+        _LOCAL.state = {}
+    return _LOCAL.state
+
+
+def _remember(key: Any, value: Any) -> Any:
+    state = _state()
+    state.pop(key, None)
+    state[key] = value
+    while len(state) > _MAX_STATE:
+        state.pop(next(iter(state)), None)
+    return value
 
 
 def prime(target_text: str, config: SearchConfig, target: KernelGraph, space: Any,
           oracle: Any) -> None:  # fmt: skip
     """Hand this process's own search context to the workers that run in it (the inline
     executor), so they do not saturate the target's e-graph a second time."""
-    _STATE[(target_text, config)] = (target, space, oracle)
+    _remember((target_text, config), (target, space, oracle))
 
 
 def _worker_context(target_text: str, config: SearchConfig) -> tuple[KernelGraph, Any, Any]:
     key = (target_text, config)
-    hit = _STATE.get(key)
+    hit = _state().get(key)
     if hit is None:
         target = parse(target_text)
         space = config.space(target)  # type: ignore[arg-type]
         oracle = make_oracle(target, config) if config.prune else None
-        hit = _STATE[key] = (target, space, oracle)
+        hit = _remember(key, (target, space, oracle))
     return hit
 
 
@@ -109,12 +219,11 @@ def verify_worker(target_text: str, candidate_texts: Sequence[str], spec: FFSpec
 
 def _parse_cached(text: str) -> KernelGraph:
     key = ("parsed", text)
-    if key not in _STATE:
-        _STATE[key] = parse(text)
-    return _STATE[key]
+    hit = _state().get(key)
+    return hit if hit is not None else _remember(key, parse(text))
 
 
 __all__ = [
-    "InlineExecutor", "block_worker", "default_executor", "make_oracle", "prime",
+    "InlineExecutor", "TaskLost", "block_worker", "default_executor", "make_oracle", "prime",
     "target_digest_worker", "verify_worker",
 ]  # fmt: skip
