@@ -2,14 +2,17 @@
 
     python -m mirage_jax show mymodel:rmsnorm_linear --shapes "f32[2,4096] f32[4096] f32[4096,6144]"
     python -m mirage_jax precompile MODULE:FUNCTION --shapes "..." -o mylib
+    python -m mirage_jax precompile MODULE:FUNCTION --shapes "..." -o mylib --dask local:8
     python -m mirage_jax bench [--bs 1 8] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -22,6 +25,8 @@ from mirage_jax.api import optimize, precompile
 from mirage_jax.errors import MirageError
 from mirage_jax.ir import DType
 from mirage_jax.ir.dot import to_dot, to_svg
+from mirage_jax.planner.cluster import dask_cluster
+from mirage_jax.search import SearchConfig
 
 _SHAPE = re.compile(r"(f16|bf16|f32|f64)\[([\d,\s]*)\]")
 
@@ -72,9 +77,25 @@ def _show(args: argparse.Namespace) -> None:
 
 def _precompile(args: argparse.Namespace) -> None:
     fn = load_function(args.function)
-    out = precompile(fn, example_args(parse_shapes(args.shapes)), args.output,
-                     strategy=args.strategy)
+    with _cluster(args.dask) as executor:
+        # one search task per worker thread in flight, as the local pool has one per process
+        config = SearchConfig(workers=executor.nthreads) if executor is not None else None
+        out = precompile(fn, example_args(parse_shapes(args.shapes)), args.output,
+                         strategy=args.strategy, executor=executor, config=config)  # fmt: skip
     print(f"kernel library written to {out}")
+
+
+@contextlib.contextmanager
+def _cluster(spec: str | None) -> Any:
+    """The Dask executor ``--dask`` names (None: the local process pool)."""
+    if not spec:
+        yield None
+        return
+    with dask_cluster(spec) as executor:
+        refused = "".join(f"\n  refused {w}: {why}" for w, why in executor.refused.items())
+        print(f"searching on {len(executor.workers)} Dask worker(s), {executor.nthreads} "
+              f"thread(s){refused}", file=sys.stderr)  # fmt: skip
+        yield executor
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -99,10 +120,16 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--dot", help="directory for Graphviz .dot (and .svg) pictures")
         else:
             p.add_argument("-o", "--output", required=True, help="library directory")
+            p.add_argument("--dask", metavar="ADDRESS",
+                           help="search on a Dask cluster: a scheduler address "
+                           "(tcp://host:8786), or local:N for a LocalCluster of N worker "
+                           "processes for this run (needs mirage-jax[dask])")  # fmt: skip
     bench = sub.add_parser("bench", help="run benchmarks/run.py against jax.jit")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    if not args.verbose:  # dask configures distributed's loggers at INFO when it is imported
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     try:
         {"show": _show, "precompile": _precompile, "bench": _bench}[args.command](args)
     except MirageError as err:

@@ -9,6 +9,7 @@ process. Every other outcome keeps the region with XLA and records the reason fo
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,8 +23,10 @@ from mirage_jax.errors import MirageError
 from mirage_jax.interpret.numerics import dtype_name, output_error, sample_inputs
 from mirage_jax.ir import KernelGraph, Op
 from mirage_jax.planner import library
+from mirage_jax.planner.cluster import as_executor
 from mirage_jax.planner.decisions import Decision, decision_key, load, store
-from mirage_jax.planner.search import superoptimize
+from mirage_jax.planner.search import choose_on, explore_on, superoptimize
+from mirage_jax.search.runner import INCOMPLETE
 from mirage_jax.timing import compare, device_args
 
 log = logging.getLogger("mirage_jax")
@@ -72,9 +75,42 @@ WIN_MARGIN = 1.05
 CLOSE_CALL = 1.15
 
 
-def plan_region(program: Any, region: Any, options: Any, backend: Backend) -> RegionPlan:
+def plan_regions(program: Any, options: Any, backend: Backend) -> tuple[RegionPlan, ...]:
+    """The fate of every region of ``program``. With an executor in ``options`` (e.g. a Dask
+    cluster) the searches of all regions that need one run at once, each spreading its tasks
+    over the executor; then, once the cluster is quiet, each region's candidates are timed,
+    compiled and checked against XLA one after another in this process."""
+    found: dict[int, cf.Future] = {}
+    if options.executor is not None and options.strategy == "search":
+        found = _explore_all(program, options, backend)
+    return tuple(plan_region(program, region, options, backend, found.get(region.index))
+                 for region in program.regions)  # fmt: skip
+
+
+def _explore_all(program: Any, options: Any, backend: Backend) -> dict[int, cf.Future]:
+    todo = [r for r in program.regions if _needs_search(r, options, backend)]
+    if not todo:
+        return {}
+    executor = as_executor(options.executor)
+    cost = backend.cost_model()  # once: the first call may calibrate the host
+    with cf.ThreadPoolExecutor(len(todo), thread_name_prefix="mirage-region") as pool:
+        found = {r.index: pool.submit(explore_on, r.graph, options.config, backend, executor,
+                                      cost) for r in todo}  # fmt: skip
+        cf.wait(found.values())
+    return found
+
+
+def _needs_search(region: Any, options: Any, backend: Backend) -> bool:
+    if not _has_compute(region.graph):
+        return False
+    key = decision_key(region.graph, **_decision_context(options, backend))
+    return library.lookup(key) is None and not (options.cache and load(key) is not None)
+
+
+def plan_region(program: Any, region: Any, options: Any, backend: Backend,
+                explored: cf.Future | None = None) -> RegionPlan:  # fmt: skip
     """The fate of ``region`` of ``program`` on ``backend`` under ``options`` (the api's
-    ``OptimizeOptions``)."""
+    ``OptimizeOptions``); ``explored``: its search, already run up to the timing stage."""
     plan = RegionPlan(region.index, region.graph)
     if options.strategy == "xla":
         plan.reason = "strategy 'xla' keeps every region with XLA"
@@ -85,13 +121,16 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend) -> Re
     plan.key = decision_key(region.graph, **_decision_context(options, backend))
     try:
         if not _reuse(plan, options, backend):
-            _decide(plan, program, region, options, backend)
-            if options.cache:
+            _decide(plan, program, region, options, backend, explored)
+            # a search that lost tasks with its workers is not the search the key names
+            if options.cache and not _incomplete(plan.search_report):
                 store(plan.key, Decision(plan.graph if plan.impl else None, plan.reason,
                                          plan.mirage_s, plan.xla_s))  # fmt: skip
     except MirageError as err:
         plan.impl = None
-        plan.reason = f"fell back to XLA: {err.cause}"
+        # the remedy too: explain and the log are where a user learns what to do about it
+        remedy = f" (remedy: {err.remedy})" if err.remedy else ""
+        plan.reason = f"fell back to XLA: {err.cause}{remedy}"
         log.warning("region %d: %s", region.index, plan.reason)
     return plan
 
@@ -117,8 +156,9 @@ def _reuse(plan: RegionPlan, options: Any, backend: Backend) -> bool:
     return True
 
 
-def _decide(plan: RegionPlan, program: Any, region: Any, options: Any, backend: Backend) -> None:
-    plan.graph, plan.search_report = _choose_graph(region.graph, options, backend)
+def _decide(plan: RegionPlan, program: Any, region: Any, options: Any, backend: Backend,
+            explored: cf.Future | None = None) -> None:  # fmt: skip
+    plan.graph, plan.search_report = _choose_graph(region.graph, options, backend, explored)
     impl = backend.compile(plan.graph)
     xla = program.region_callable(region.index)
     # on the device: timing numpy arguments would time the host-to-device copy
@@ -152,22 +192,37 @@ def _has_compute(graph: KernelGraph) -> bool:
     return any(n.op not in (Op.INPUT, Op.OUTPUT, Op.RESHAPE, Op.CAST) for n in graph.nodes)
 
 
-def _choose_graph(target: KernelGraph, options: Any, backend: Backend) -> tuple[KernelGraph, Any]:
+def _choose_graph(target: KernelGraph, options: Any, backend: Backend,
+                  explored: cf.Future | None = None) -> tuple[KernelGraph, Any]:  # fmt: skip
     if options.strategy == "as_is":
         return target, None
-    result = superoptimize(target, options.config, backend=backend)
+    if explored is not None:
+        result = choose_on(explored.result(), options.config, backend)
+    else:
+        result = superoptimize(target, options.config, backend=backend,
+                               executor=options.executor)  # fmt: skip
     return result.best, result.report
+
+
+def _incomplete(report: Any) -> bool:
+    return report is not None and report.stop_reason.startswith(INCOMPLETE)
+
+
+_BUG_REMEDY = ("this is a mirage_jax bug; the region stays with XLA. Please report it with "
+               "mirage_jax.explain output")
 
 
 def _verify(impl: Callable[..., Any], xla: Callable[..., Any], args: Sequence[Any]) -> None:
     got = jax.jit(impl)(*args)
     want = jax.jit(xla)(*args)
-    for i, (g, w) in enumerate(zip(got, want)):
-        # relative to the output's scale, at least 1: XLA's own rounding is absolute near 0
-        err, tol, _ = output_error(g, w, dtype_name(w), scale_floor=1.0)
+    if len(got) != len(want):
+        raise MirageError(f"compiled region returns {len(got)} outputs, which differs from "
+                          f"XLA's {len(want)}", remedy=_BUG_REMEDY)  # fmt: skip
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if np.shape(g) != np.shape(w):
+            raise MirageError(f"compiled region output {i} differs from XLA in shape: "
+                              f"{np.shape(g)} against {np.shape(w)}", remedy=_BUG_REMEDY)
+        err, tol, _ = output_error(g, w, dtype_name(w))
         if not np.isfinite(err) or err > tol:
-            raise MirageError(
-                f"compiled region output {i} differs from XLA by {err:.3g} (tolerance {tol:.3g})",
-                remedy="this is a mirage_jax bug; the region stays with XLA. Please report it "
-                "with mirage_jax.explain output",
-            )
+            raise MirageError(f"compiled region output {i} differs from XLA by {err:.3g} "
+                              f"(tolerance {tol:.3g})", remedy=_BUG_REMEDY)  # fmt: skip

@@ -12,8 +12,10 @@ from collections.abc import Callable
 from mirage_jax.backend import Backend, get_backend
 from mirage_jax.backend.select import platform_for
 from mirage_jax.ir import KernelGraph
+from mirage_jax.planner.cluster import as_executor
 from mirage_jax.search import SearchConfig, SearchResult, Timer
 from mirage_jax.search import superoptimize as run_search
+from mirage_jax.search.runner import Exploration, explore
 
 
 def superoptimize(
@@ -30,14 +32,29 @@ def superoptimize(
     ``backend``: the target (default: the platform jax places arrays on). Its cost model ranks
     the candidates and, when ``config.time_candidates``, its timer measures the best few
     (``timer`` overrides it; pass ``lambda g: None`` to time nothing). ``executor`` and
-    ``baseline``: see ``mirage_jax.search.superoptimize``.
+    ``baseline``: see ``mirage_jax.search.superoptimize``; ``executor`` may also be a Dask
+    ``distributed.Client`` or its ``get_executor()`` (``mirage_jax.planner.cluster``).
     """
     config = config or SearchConfig()
     backend = backend or get_backend(platform_for(()))
     if timer is None and config.time_candidates:
         timer = backend.timer()
-    return run_search(kernel_graph, config, cost_model=backend.cost_model(), executor=executor,
-                      timer=timer, baseline=baseline)  # fmt: skip
+    return run_search(kernel_graph, config, cost_model=backend.cost_model(),
+                      executor=as_executor(executor), timer=timer, baseline=baseline)  # fmt: skip
 
 
-__all__ = ["superoptimize"]
+def explore_on(kernel_graph: KernelGraph, config: SearchConfig | None, backend: Backend,
+               executor: cf.Executor, cost_model: object = None) -> Exploration:  # fmt: skip
+    """The search of ``kernel_graph`` up to its timing stage, on ``executor`` (see
+    ``mirage_jax.search.runner.explore``); ``choose_on`` finishes it."""
+    return explore(kernel_graph, config or SearchConfig(),
+                   cost_model=cost_model or backend.cost_model(), executor=executor)  # fmt: skip
+
+
+def choose_on(found: Exploration, config: SearchConfig | None, backend: Backend) -> SearchResult:
+    """The timing stage of an explored search, in this process, with ``backend``'s timer."""
+    timed = (config or SearchConfig()).time_candidates
+    return found.choose(backend.timer() if timed else None)
+
+
+__all__ = ["choose_on", "explore_on", "superoptimize"]

@@ -10,7 +10,9 @@ The pipeline, top to bottom (each stage timed and counted in the ``SearchReport`
 3. block level: one enumeration task per (site, loop structure, seeding), in priority order,
    run on an ``concurrent.futures.Executor`` (a spawn-safe process pool of ``workers`` by
    default; any executor works - tasks and results are picklable and the worker functions are
-   module-level) until they are exhausted or the enumeration share of the time budget ends;
+   module-level, e.g. a Dask cluster's) until they are exhausted or the enumeration share of
+   the time budget ends. A task lost with its worker is sent again (``TASK_RETRIES``); one
+   still lost is reported as not run: the stop reason then begins with ``INCOMPLETE``;
 4. instantiate every distinct skeleton at every concrete tiling, rank the candidates with the
    target backend's analytic cost model (``cost_model``), fuse elementwise chains into
    thread graphs by rule;
@@ -26,7 +28,9 @@ The pipeline, top to bottom (each stage timed and counted in the ``SearchReport`
 
 Determinism: tasks run in a fixed order, results are merged in task order and ties are broken
 by canonical text, and all random inputs derive from ``seed``: the same config gives the same
-result unless a *time* budget cuts the enumeration (``max_states`` is the deterministic bound).
+result unless a *time* budget cuts the enumeration (``max_states`` is the deterministic bound),
+whichever executor runs the tasks. ``explore`` runs stages 1-5 alone, so that several searches
+can share a cluster and then time their candidates one after another on a quiet machine.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from mirage_jax.search.equivalence import (
 )
 from mirage_jax.search.report import Candidate, SearchReport, SearchResult, summarize
 from mirage_jax.search.workers import (
+    TaskLost,
     block_worker,
     default_executor,
     make_oracle,
@@ -69,6 +74,13 @@ ENUMERATION_SHARE, RANKING_SHARE, VERIFY_SHARE = 0.45, 0.55, 0.85
 # the enumeration counters that add up into the report (the rest are per task)
 _REPORTED_COUNTERS = ("states", "proposed", "pruned_abstract", "pruned_index", "pruned_duplicate",
                       "pruned_dead", "pruned_numeric")  # fmt: skip
+# what a future raises when its task did not run (see ``workers.TaskLost``): the task is sent
+# again up to TASK_RETRIES times; then a verification task runs here (a candidate is never
+# reported verified or rejected unchecked) and a block task is reported as not run
+LOST = (TaskLost, cf.CancelledError, cf.BrokenExecutor)
+TASK_RETRIES = 2
+# how ``SearchReport.stop_reason`` begins when tasks were lost: such a search is not complete
+INCOMPLETE = "incomplete"
 
 
 class CostModel(Protocol):
@@ -105,28 +117,50 @@ def superoptimize(
     ``jax.jit`` of the region), measured in this process; the winner replaces the target only
     if it is faster. ``mirage_jax.superoptimize`` fills these in from a backend.
     """
-    if not isinstance(kernel_graph, KernelGraph):
-        raise SearchError(f"superoptimize takes a KernelGraph, got {type(kernel_graph).__name__}",
-                          remedy="trace a function with mirage_jax.trace and pass "
-                          "region.graph")  # fmt: skip
+    _check_target(kernel_graph)
     config = config or SearchConfig()
     own = executor is None
     executor = executor or default_executor(config.workers)
     try:
-        return _Search(kernel_graph, config, executor, timer, baseline, cost_model).run()
+        found = explore(kernel_graph, config, cost_model=cost_model, executor=executor)
     finally:
         if own:
             executor.shutdown(wait=True, cancel_futures=True)
+    return found.choose(timer, baseline)
 
 
-class _Search:
+def explore(kernel_graph: KernelGraph, config: SearchConfig, *, cost_model: CostModel,
+            executor: cf.Executor) -> Exploration:  # fmt: skip
+    """Stages 1-5 of ``superoptimize`` (everything but timing) on ``executor``;
+    ``.choose(timer, baseline)`` on the result runs stage 6. Several searches can explore at
+    once (one thread each, sharing a cluster) and time their candidates one after another on
+    a quiet machine; the timing stage keeps the share of the budget it had left."""
+    _check_target(kernel_graph)
+    # workers on other machines derive the search space from the config: it must name the
+    # cores of this one, where the kernels will run
+    if config.cores is None:
+        config = config.with_(cores=config.num_cores)
+    return Exploration(kernel_graph, config, executor, cost_model).explore()
+
+
+def _check_target(kernel_graph: Any) -> None:
+    if not isinstance(kernel_graph, KernelGraph):
+        raise SearchError(f"superoptimize takes a KernelGraph, got {type(kernel_graph).__name__}",
+                          remedy="trace a function with mirage_jax.trace and pass "
+                          "region.graph")  # fmt: skip
+
+
+class Exploration:
+    """One search between its stages: ``explore()`` runs stages 1-5, ``choose()`` stage 6."""
+
     def __init__(self, target: KernelGraph, config: SearchConfig, executor: cf.Executor,
-                 timer: Timer | None, baseline: Callable[[], float] | None,
                  cost_model: CostModel) -> None:  # fmt: skip
         self.target, self.config, self.executor = target, config, executor
         self.cost = cost_model
-        self.timer, self.baseline = timer, baseline
+        self.timer: Timer | None = None
+        self.baseline: Callable[[], float] | None = None
         self.report = SearchReport(target=summarize(target), cost_model=repr(cost_model))
+        self.lost = 0  # task losses (each retry that was lost again counts)
         self.start = time.time()
         self.deadline = self.start + config.time_budget_s
         self.text = to_text(target)
@@ -137,7 +171,7 @@ class _Search:
         self.report.timings[name] = self.report.timings.get(name, 0.0) + now - since
         return now
 
-    def run(self) -> SearchResult:
+    def explore(self) -> Exploration:
         t = t0 = time.perf_counter()
         space = self.space = self.config.space(self.target)
         oracle = make_oracle(self.target, self.config) if self.config.prune else None
@@ -156,20 +190,62 @@ class _Search:
         # the target's fingerprints are needed by every verification: start them now, beside
         # the enumeration (one trial per task)
         self._digest_futures = (
-            [self.executor.submit(target_digest_worker, self.text, self.spec, trial)
+            [(self._submit(target_digest_worker, self.text, self.spec, trial),
+              (self.text, self.spec, trial))
              for trial in range(self.spec.trials)] if self.config.max_graph_defs else []
         )  # fmt: skip
         skeletons = self._enumerate_blocks(space, oracle, kernel.sites)
         t = self._stage("block", t)
         ranked = self._instantiate(space, kernel, skeletons)
         t = self._stage("instantiate", t)
-        verified = self._verify(ranked)
-        t = self._stage("verify", t)
-        best, verified = self._choose(verified)
-        self._stage("timing", t)
-        self.report.timings["total"] = time.perf_counter() - t0
+        self._verified = self._verify(ranked)
+        self._stage("verify", t)
+        if self.lost:
+            self.report.notes.append(
+                f"{self.lost} task(s) were lost with their workers and sent again (see the "
+                "block task count and stop reason for what was not run)")  # fmt: skip
+        self._explored_s = time.perf_counter() - t0
+        self._left_s = self.deadline - time.time()
+        return self
+
+    def choose(self, timer: Timer | None = None,
+               baseline: Callable[[], float] | None = None) -> SearchResult:  # fmt: skip
+        """Stage 6: time the best verified candidates with ``timer`` (in this process, where
+        the kernels will run) and compare the winner with ``baseline``."""
+        self.timer, self.baseline = timer, baseline
+        self.deadline = time.time() + self._left_s
+        t = time.perf_counter()
+        best, verified = self._choose(self._verified)
+        self.report.timings["total"] = self._explored_s + self._stage("timing", t) - t
         self._finish(best, verified)
         return SearchResult(best, tuple(verified), self.report)
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+        """``executor.submit``, with a pool that broke (or a cluster with no worker left)
+        answered by a lost future rather than an exception here."""
+        try:
+            return self.executor.submit(fn, *args)
+        except LOST as err:
+            fut: cf.Future = cf.Future()
+            fut.set_exception(err)
+            return fut
+
+    def _collect(self, fut: cf.Future, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """The result of ``fut`` (``fn(*args)`` on the executor). A lost task is sent again,
+        and after TASK_RETRIES losses it runs in this process: it is a verification task,
+        and identical wherever it runs."""
+        for attempt in range(TASK_RETRIES + 1):
+            try:
+                return fut.result()
+            except LOST as err:
+                self.lost += 1
+                log.warning("a %s task was lost (%s); %s", fn.__name__, _why(err),
+                            "sending it again" if attempt < TASK_RETRIES else "running it here")
+                if attempt < TASK_RETRIES:
+                    fut = self._submit(fn, *args)
+        self.report.notes.append(f"a {fn.__name__} task ran on the client: it was lost "
+                                 f"{TASK_RETRIES + 1} times with its workers")  # fmt: skip
+        return fn(*args)
 
     def _count(self, c: en.Counters) -> None:
         for name in _REPORTED_COUNTERS:
@@ -228,21 +304,33 @@ class _Search:
         # a window of tasks in flight, refilled in priority order until the deadline: tasks
         # past it are never sent (sending thousands of no-op tasks costs seconds)
         window = max(2, 4 * max(1, cfg.workers))
-        pending: dict[cf.Future, int] = {}
+        pending: dict[cf.Future, tuple[int, int]] = {}  # future -> (task, attempt)
+        lost: list[int] = []
         nxt = 0
         bar = _progress(cfg, len(tasks), "enumerate")
         try:
             while nxt < len(tasks) or pending:
                 while nxt < len(tasks) and len(pending) < window and time.time() < deadline:
-                    fut = self.executor.submit(block_worker, self.text, cfg, tasks[nxt][1],
-                                               deadline)  # fmt: skip
-                    pending[fut] = nxt
+                    fut = self._submit(block_worker, self.text, cfg, tasks[nxt][1], deadline)
+                    pending[fut] = (nxt, 0)
                     nxt += 1
                 if not pending:
                     break
                 done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
                 for fut in done:
-                    results[pending.pop(fut)] = fut.result()
+                    k, attempt = pending.pop(fut)
+                    try:
+                        results[k] = fut.result()
+                    except LOST as err:
+                        self.lost += 1
+                        log.warning("block task %d was lost (%s)", k, _why(err))
+                        if attempt < TASK_RETRIES and time.time() < deadline:
+                            again = self._submit(block_worker, self.text, cfg, tasks[k][1],
+                                                 deadline)  # fmt: skip
+                            pending[again] = (k, attempt + 1)
+                        else:
+                            lost.append(k)
+                        continue
                     if bar is not None:
                         bar.update(1)
         finally:
@@ -265,7 +353,15 @@ class _Search:
                     found.append((site, en.Skeleton(canon, skel.fdims)))
             log.debug("task %s: %s", task.label, res.counters)
         self.report.skeletons = len(found)
-        if time.time() > deadline and (self.report.tasks_truncated
+        if lost:
+            # never presented as complete: the skeletons of these tasks were not searched
+            self.report.stop_reason = (f"{INCOMPLETE}: {len(lost)} of {len(tasks)} block tasks "
+                                       "not run (lost with their workers)")  # fmt: skip
+            self.report.notes.append(
+                f"block tasks not run: {sorted(lost)} (each lost {TASK_RETRIES + 1} times or "
+                "after the enumeration deadline); the best μGraph is verified but was chosen "
+                "from the tasks that ran - search again to cover them")  # fmt: skip
+        elif time.time() > deadline and (self.report.tasks_truncated
                                        or self.report.tasks_run < len(tasks)):  # fmt: skip
             self.report.stop_reason = "time budget"
         elif self.report.tasks_truncated:
@@ -274,7 +370,7 @@ class _Search:
             self.report.stop_reason = "task budget"
         else:
             self.report.stop_reason = "exhausted"
-        log.info("block enumeration: %d tasks, %d skeletons (%s)", len(tasks), len(found),
+        log.debug("block enumeration: %d tasks, %d skeletons (%s)", len(tasks), len(found),
                  self.report.stop_reason)  # fmt: skip
         return found
 
@@ -343,7 +439,7 @@ class _Search:
         bar = _progress(cfg, min(len(ranked), cfg.max_verify), "verify")
         degree = 1
         futs = getattr(self, "_digest_futures", None) or []
-        digests = [f.result() for f in futs] if futs else None
+        digests = [self._collect(f, target_digest_worker, a) for f, a in futs] if futs else None
         deadline = self.start + cfg.time_budget_s * VERIFY_SHARE
         try:
             while pos < len(ranked) and len(verified) < cfg.max_verify:
@@ -360,12 +456,11 @@ class _Search:
                         continue
                     chunk.append(_fused(c, self.cost))
                 groups = [chunk[k::workers] for k in range(workers) if chunk[k::workers]]
-                futs = [self.executor.submit(verify_worker, self.text,
-                                             [str(c.graph) for c in grp], self.spec, seed,
-                                             digests)
-                        for grp in groups]  # fmt: skip
-                pairs = [(c, v) for grp, fut in zip(groups, futs)
-                         for c, v in zip(grp, fut.result())]  # fmt: skip
+                batches = [(self.text, [str(c.graph) for c in grp], self.spec, seed, digests)
+                           for grp in groups]  # fmt: skip
+                futs = [self._submit(verify_worker, *args) for args in batches]
+                pairs = [(c, v) for grp, fut, args in zip(groups, futs, batches)
+                         for c, v in zip(grp, self._collect(fut, verify_worker, args))]  # fmt: skip
                 rank = {id(c): k for k, c in enumerate(chunk)}
                 pairs.sort(key=lambda cv: rank[id(cv[0])])
                 for c, (ff, fl) in pairs:
@@ -375,7 +470,7 @@ class _Search:
                     if fl is not None and not fl.ok:
                         self.report.float_rejected += 1
                         rejected.add(c.skeleton)
-                        log.info("float check rejected %s: %s", c.summary(), fl)
+                        log.debug("float check rejected %s: %s", c.summary(), fl)
                     elif not ff.ok:
                         self.report.ff_rejected += 1
                         rejected.add(c.skeleton)
@@ -464,7 +559,11 @@ class _Search:
         r.best_text = str(best)
         r.best_estimate_s = top.estimate_s
         r.best_measured_s = top.measured_s
-        log.info("best: %s", r.best_summary)
+        log.debug("best: %s", r.best_summary)
+
+
+def _why(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 def _fused(c: Candidate, cost: CostModel) -> Candidate:
@@ -491,6 +590,6 @@ def _progress(config: SearchConfig, total: int, what: str) -> Any:
 
 
 __all__ = [
-    "Candidate", "CostModel", "SearchReport", "SearchResult", "Timer", "fuse_kernel",
-    "summarize", "superoptimize",
+    "INCOMPLETE", "Candidate", "CostModel", "Exploration", "SearchReport", "SearchResult",
+    "Timer", "explore", "fuse_kernel", "summarize", "superoptimize",
 ]  # fmt: skip
