@@ -1,4 +1,8 @@
-"""@optimize and explain end to end: numerics against jax.jit, fallbacks and their reasons."""
+"""@optimize and explain end to end: numerics against jax.jit, fallbacks and their reasons.
+
+Every numeric check compares with ``jax.jit`` of the same function on fresh random inputs,
+per element at float32's tolerance (``tests/tolerance.py``), tighter than the verifier's own.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import programs
 import pytest
+from tolerance import assert_tree_close, sum_rtol
 
 import mirage_jax as mj
 from mirage_jax.backend.cpu.backend import CpuBackend
 from mirage_jax.errors import CompileError, MirageError
+from mirage_jax.ir import Op
 from mirage_jax.planner import region as planner
+from mirage_jax.search import SearchConfig
 
 
 @pytest.fixture(autouse=True)
@@ -21,22 +28,51 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MIRAGE_JAX_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def _close(got, want, rtol=2e-4):
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
-        assert np.max(np.abs(g - w)) <= rtol * max(1.0, np.max(np.abs(w)))
+def _close(got, want, rtol: float | None = None) -> None:
+    assert_tree_close(got, want, rtol=rtol)
+
+
+def _randn(*shape: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 @pytest.mark.parametrize("program", programs.programs(1), ids=lambda p: p.name)
 def test_six_benchmarks_match_jit_as_custom_calls(program):
     args = program.call_args([jax.device_put(x) for x in programs.make_inputs(program, seed=11)])
     fast = mj.optimize(program.fn, strategy="as_is", require_speedup=False)
-    _close(fast(*args), jax.jit(program.fn)(*args))
+    rtol = sum_rtol(4096)  # every program reduces over 4096 (a matmul's K or a norm's length)
+    _close(fast(*args), jax.jit(program.fn)(*args), rtol)
     plan = fast.plan(*args)
     assert [p.impl is not None for p in plan.regions] == [True]
     assert "mirage custom call" in fast.explain(*args)
     fresh = program.call_args([jax.device_put(x) for x in programs.make_inputs(program, seed=12)])
-    _close(fast(*fresh), jax.jit(program.fn)(*fresh))
+    _close(fast(*fresh), jax.jit(program.fn)(*fresh), rtol)
+
+
+# the default strategy at small shapes: a bounded search, candidates not timed (the
+# comparison with XLA is what require_speedup governs, and it is off here)
+FAST_SEARCH = SearchConfig(workers=1, time_candidates=False, progress=False, max_tasks=4,
+                           max_verify=6, time_budget_s=120)  # fmt: skip
+SMALL = {
+    "gated_mlp": [(4, 64), (64, 32), (64, 32)],
+    "lora": [(8, 32), (32, 64), (32, 4), (4, 64)],
+    "gqa_decode": [(2, 8, 16), (2, 16, 64), (2, 64, 16)],
+}
+FNS = {p.name: p.fn for p in programs.programs(1)}
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_default_strategy_runs_a_searched_graph_defined_kernel_equal_to_jit(name):
+    fn = FNS[name]
+    args = [_randn(*s, seed=i) for i, s in enumerate(SMALL[name])]
+    fast = mj.optimize(fn, config=FAST_SEARCH, require_speedup=False)
+    _close(fast(*args), jax.jit(fn)(*args))
+    (region,) = fast.plan(*args).regions
+    assert region.impl is not None and region.source == "search", region.describe()
+    assert region.search_report is not None and region.search_report.verified >= 1
+    assert region.graph.nodes_of(Op.GRAPH_DEF), f"no graph-defined kernel:\n{region.graph}"
+    fresh = [_randn(*s, seed=10 + i) for i, s in enumerate(SMALL[name])]
+    _close(fast(*fresh), jax.jit(fn)(*fresh))
 
 
 def test_unsupported_op_cuts_and_the_rest_runs_as_custom_calls():
@@ -77,19 +113,23 @@ def test_pytrees_static_args_and_no_retrace():
 def test_calls_with_a_seen_signature_skip_planning_and_new_ones_plan(monkeypatch):
     from mirage_jax.api import optimized as api
 
-    fast = mj.optimize(lambda x, s: jnp.tanh(x) * s, strategy="as_is", require_speedup=False,
-                       static_argnums=1)  # fmt: skip
-    x = np.linspace(-2, 2, 32, dtype=np.float32).reshape(4, 8)
-    _close(fast(x, 3.0), np.tanh(x) * 3.0)
+    def f(x, s):
+        return jnp.tanh(x) * s
+
+    fast = mj.optimize(f, strategy="as_is", require_speedup=False, static_argnums=1)
+    want = jax.jit(f, static_argnums=1)
+    x = _randn(4, 8, seed=2)
+    _close(fast(x, 3.0), want(x, 3.0))
 
     def no_python_per_call(*args):
         raise AssertionError("a seen signature must dispatch without computing its key")
 
     monkeypatch.setattr(api, "_signature", no_python_per_call)
-    _close(fast(x + 1, 3.0), np.tanh(x + 1) * 3.0)  # same shapes: jit's fast path only
+    y = _randn(4, 8, seed=3)
+    _close(fast(y, 3.0), want(y, 3.0))  # same shapes: jit's fast path only
     monkeypatch.undo()
-    _close(fast(x[:2], 3.0), np.tanh(x[:2]) * 3.0)
-    _close(fast(x, 0.5), np.tanh(x) * 0.5)
+    _close(fast(x[:2], 3.0), want(x[:2], 3.0))
+    _close(fast(x, 0.5), want(x, 0.5))
     assert len(fast._plans) == 3
 
 
@@ -97,53 +137,90 @@ def test_failed_build_falls_back_to_xla_with_the_reason(monkeypatch, caplog):
     def broken(self, graph):
         raise CompileError("g++ exploded", remedy="none")
 
+    def f(x):
+        return jnp.exp(x) * 3.0
+
     monkeypatch.setattr(CpuBackend, "compile", broken)
-    f = mj.optimize(lambda x: jnp.exp(x) * 3.0, strategy="as_is", cache=False)
-    x = np.ones((4, 4), np.float32)
+    fast = mj.optimize(f, strategy="as_is", cache=False)
+    x = _randn(4, 4, seed=4)
     with caplog.at_level(logging.WARNING, logger="mirage_jax"):
-        _close(f(x), np.exp(x) * 3.0)
-    assert "fell back to XLA: g++ exploded" in f.explain(x)
+        _close(fast(x), jax.jit(f)(x))
+    assert "fell back to XLA: g++ exploded" in fast.explain(x)
     assert "g++ exploded" in caplog.text
 
 
-def test_wrong_compiled_code_is_caught_and_never_used(monkeypatch):
+def _two_outputs(x, w):
+    return jnp.exp(3.0 * x), jnp.tanh(x) @ w  # the first spans magnitudes: 1e-3 to 1e3
+
+
+def _flat_edit(o, edit):
+    return edit(o.reshape(-1)).reshape(o.shape)
+
+
+# Wrong kernels, each as an edit of the compiled call's outputs (run inside jit by the planner)
+MUTANTS = {
+    # the last element, where a loop's tail or an off-by-one lands, off by 1% of the output
+    "one_wrong_element": lambda outs: (
+        _flat_edit(outs[0], lambda o: o.at[-1].add(0.01 * jnp.max(jnp.abs(o)))), outs[1]),
+    "relative_1e-3": lambda outs: (outs[0] * (1 + 1e-3), outs[1] * (1 + 1e-3)),
+    "one_nan": lambda outs: (outs[0], _flat_edit(outs[1], lambda o: o.at[5].set(jnp.nan))),
+    "only_second_output": lambda outs: (outs[0], outs[1] * (1 + 1e-3)),
+    # the smallest element of exp(3 x) (about 1e-3, against a largest near 1e3) returned as 0:
+    # within 2e-4 of the largest, so only a per-element tolerance catches it
+    "smallest_element_zeroed": lambda outs: (
+        _flat_edit(outs[0], lambda o: o.at[jnp.argmin(jnp.abs(o))].set(0.0)), outs[1]),
+    # right values in the wrong layout: an [8, 16] output returned as [16, 8]
+    "wrong_shape": lambda outs: (outs[0].reshape(16, 8), outs[1]),
+    # a first output that also broadcasts against XLA's: one row of eight, the rest lost
+    "broadcastable_row": lambda outs: (outs[0], outs[1][:1]),
+}
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS))
+def test_wrong_compiled_code_is_caught_and_never_used(monkeypatch, mutant):
     real = CpuBackend.compile
 
-    def off_by_one(self, graph):
+    def wrong(self, graph):
         call = real(self, graph)
-        return lambda *args: tuple(o + 1.0 for o in call(*args))
+        return lambda *args: MUTANTS[mutant](tuple(call(*args)))
 
-    monkeypatch.setattr(CpuBackend, "compile", off_by_one)
-    f = mj.optimize(lambda x: jnp.exp(x) * 3.0, strategy="as_is", require_speedup=False,
-                    cache=False)  # fmt: skip
-    x = np.zeros((4, 4), np.float32)
-    _close(f(x), np.full((4, 4), 3.0))
-    assert "differs from XLA" in f.explain(x)
+    monkeypatch.setattr(CpuBackend, "compile", wrong)
+    fast = mj.optimize(_two_outputs, strategy="as_is", require_speedup=False, cache=False)
+    x, w = _randn(8, 16, seed=5), _randn(16, 8, seed=6)
+    _close(fast(x, w), jax.jit(_two_outputs)(x, w))
+    (region,) = fast.plan(x, w).regions
+    assert region.impl is None and "differs from XLA" in fast.explain(x, w)
 
 
 def test_slower_region_stays_with_xla_and_explain_says_so(monkeypatch):
+    def f(x):
+        return jnp.exp(x) + 1.0
+
     monkeypatch.setattr(planner, "compare", lambda cand, base, args: (2e-3, 1e-3))
-    f = mj.optimize(lambda x: jnp.exp(x) + 1.0, strategy="as_is", cache=False)
-    x = np.ones((8, 8), np.float32)
-    _close(f(x), np.exp(x) + 1.0)
-    plan = f.plan(x)
+    fast = mj.optimize(f, strategy="as_is", cache=False)
+    x = _randn(8, 8, seed=7)
+    _close(fast(x), jax.jit(f)(x))
+    plan = fast.plan(x)
     assert plan.regions[0].impl is None
-    assert "slower than XLA (0.50x), kept with XLA" in f.explain(x)
+    assert "slower than XLA (0.50x), kept with XLA" in fast.explain(x)
 
 
 def test_a_close_win_is_measured_again_and_kept_only_if_it_holds(monkeypatch):
-    x = np.ones((8, 8), np.float32)
+    def f(x):
+        return jnp.exp(x) + 1.0
+
+    x = _randn(8, 8, seed=8)
     for times, kept in ((((1.0, 1.08), (1.0, 1.02)), False), (((1.0, 1.08), (1.0, 1.10)), True),
                         (((1.0, 1.5),), True), (((1.0, 0.9),), False)):  # fmt: skip
         calls = iter(times)
-        monkeypatch.setattr(planner, "compare", lambda cand, base, args: next(calls))
-        f = mj.optimize(lambda x: jnp.exp(x) + 1.0, strategy="as_is", cache=False)
-        region = f.plan(x).regions[0]
+        monkeypatch.setattr(planner, "compare", lambda cand, base, args, calls=calls: next(calls))
+        fast = mj.optimize(f, strategy="as_is", cache=False)
+        region = fast.plan(x).regions[0]
         assert next(calls, None) is None, f"{times}: not every comparison ran"
-        assert (region.impl is not None) == kept, (times, f.explain(x))
+        assert (region.impl is not None) == kept, (times, fast.explain(x))
         ratio = min(xla / mj_s for mj_s, xla in times)
         assert region.speedup == pytest.approx(ratio), times  # the less favourable one
-        _close(f(x), np.exp(x) + 1.0)
+        _close(fast(x), jax.jit(f)(x))
 
 
 def test_a_plan_that_replaces_nothing_calls_jax_jit_of_the_function(monkeypatch):
@@ -153,9 +230,9 @@ def test_a_plan_that_replaces_nothing_calls_jax_jit_of_the_function(monkeypatch)
         return jnp.exp(x) * scale
 
     f = mj.optimize(user_fn, strategy="as_is", cache=False, static_argnums=1)
-    x = np.ones((8, 8), np.float32)
+    x = _randn(8, 8, seed=9)
     for scale in (0.5, 2.0):
-        _close(f(x, scale), np.exp(x) * scale)
+        _close(f(x, scale), jax.jit(user_fn, static_argnums=1)(x, scale))
     plan = f.plan(x, 2.0)
     assert plan.regions[0].impl is None
     # the same computation XLA gets from jax.jit(user_fn), not a re-evaluation of the jaxpr
@@ -164,26 +241,38 @@ def test_a_plan_that_replaces_nothing_calls_jax_jit_of_the_function(monkeypatch)
 
 def test_xla_strategy_and_bad_options():
     f = mj.optimize(lambda x: jnp.exp(x), strategy="xla")
-    assert "strategy 'xla'" in f.explain(np.ones(3, np.float32))
+    x = _randn(3, seed=10)
+    assert "strategy 'xla'" in f.explain(x)
+    _close(f(x), jax.jit(jnp.exp)(x))
     with pytest.raises(MirageError, match="unknown strategy 'fast'"):
         mj.optimize(lambda x: x, strategy="fast")
 
 
-def test_first_call_inside_the_users_jit_and_vmap_plans_and_matches_jit():
-    def f(x, w):
-        return jnp.tanh(x @ w) * 2.0
+def _tanh_matmul(x, w):
+    return jnp.tanh(x @ w) * 2.0
 
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((8, 16), np.float32)
-    w = rng.standard_normal((16, 32), np.float32)
-    fast = mj.optimize(f, strategy="as_is", require_speedup=False)
+
+def test_first_call_inside_the_users_jit_and_vmap_plans_and_matches_jit():
+    x, w = _randn(8, 16, seed=11), _randn(16, 32, seed=12)
+    fast = mj.optimize(_tanh_matmul, strategy="as_is", require_speedup=False)
 
     @jax.jit
     def outer(x, w):  # plans while x and w are tracers of this jit
         return fast(x, w).sum(-1) + 1.0
 
-    _close(outer(x, w), jax.jit(lambda x, w: f(x, w).sum(-1) + 1.0)(x, w))
+    _close(outer(x, w), jax.jit(lambda x, w: _tanh_matmul(x, w).sum(-1) + 1.0)(x, w))
     plan = fast.plan(x, w)  # the eager call's plan is the one the trace made
     assert len(fast._plans) == 1 and [p.impl is not None for p in plan.regions] == [True]
     xs, ws = np.stack([x, 2 * x]), np.stack([w, w[::-1]])
-    _close(jax.vmap(fast)(xs, ws), jax.vmap(jax.jit(f))(xs, ws))
+    _close(jax.vmap(fast)(xs, ws), jax.vmap(jax.jit(_tanh_matmul))(xs, ws))
+
+
+def test_first_call_under_vmap_plans_the_per_example_shapes():
+    xs = np.stack([_randn(8, 16, seed=13 + i) for i in range(3)])
+    ws = np.stack([_randn(16, 32, seed=16 + i) for i in range(3)])
+    fast = mj.optimize(_tanh_matmul, strategy="as_is", require_speedup=False)
+    _close(jax.vmap(fast)(xs, ws), jax.vmap(jax.jit(_tanh_matmul))(xs, ws))
+    (key,) = fast._plans  # one plan, for one example's shapes, with a custom call
+    plan = fast.plan(xs[0], ws[0])
+    assert fast._plans[key] is plan and [p.impl is not None for p in plan.regions] == [True]
+    _close(fast(xs[1], ws[1]), jax.jit(_tanh_matmul)(xs[1], ws[1]))

@@ -7,7 +7,7 @@ import json
 import logging
 import os
 
-import graphs as G  # noqa: E402
+import graphs as G
 import pytest
 
 from mirage_jax.backend.cpu import calibrate
@@ -101,6 +101,32 @@ def test_strip_exponent_reproduces_the_probed_slowdown(slowdown, exponent):
     assert eff((4096, 6144), (4096, 6144), 4, model) == 1.0  # whole rows: one run
 
 
+def test_a_damaged_calibration_is_reported_deleted_and_measured_again(fresh, monkeypatch,
+                                                                       caplog):  # fmt: skip
+    runs = []
+    fake = {name: float(i + 1) for i, name in enumerate(calibrate._FIELDS)}
+    monkeypatch.setattr(calibrate, "_run_probe", lambda path: runs.append(path) or dict(fake))
+    assert calibrate.measurements() == fake and len(runs) == 1
+    (entry,) = (fresh / "calibration").glob("*.json")
+    good = entry.read_text()
+    first = next(iter(fake))
+    damages = {
+        "truncated": good[: len(good) // 2],
+        "empty": "",
+        "a figure missing": json.dumps({k: v for k, v in fake.items() if k != first}),
+        "an unknown figure": json.dumps({**fake, "warp_speed": 9.0}),
+        "not a number": json.dumps({**fake, first: "fast"}),
+    }
+    for what, text in damages.items():
+        entry.write_text(text)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mirage_jax.store"):
+            assert calibrate.measurements() == fake, what
+        assert len(runs) == 2 + list(damages).index(what), f"{what}: not measured again once"
+        assert json.loads(entry.read_text()) == fake, what
+        assert "corrupt" in caplog.text and str(entry) in caplog.text, what
+
+
 def test_calibration_can_be_turned_off(fresh, monkeypatch):
     monkeypatch.setenv(calibrate.CALIBRATE_ENV, "0")
     assert calibrate.host_model() is cost_model.DEFAULT_MODEL
@@ -168,7 +194,7 @@ def _strip_kernel(cols: int, n: int = 4096) -> str:
     output_saver[fdim=1, omap=(-1,-1,-1)](%2)
   }}
   output(%2)
-}}"""  # noqa: E501
+}}"""
 
 
 def test_narrow_strips_of_a_wide_weight_pay_a_miss_per_row_and_contiguous_ones_do_not():
@@ -205,7 +231,7 @@ def test_a_loop_invariant_weight_past_the_caches_is_read_again_every_iteration()
     output_saver[fdim={0 if loop > 1 else -1}, omap=(1,-1,-1)](%2)
   }}
   output(%2)
-}}"""  # noqa: E501
+}}"""
 
     model = cost_model.DEFAULT_MODEL
     once = cost_model.estimate(parse(rows_loop(1)), model)

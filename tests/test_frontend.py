@@ -15,26 +15,23 @@ import numpy as np
 import programs
 import pytest
 from jax.extend.core import check_jaxpr
+from tolerance import assert_array_close, assert_tree_close, sum_rtol
 
 from mirage_jax.errors import TraceError
 from mirage_jax.frontend import Cut, Region, TracedProgram, trace
 from mirage_jax.interpret import evaluate
 from mirage_jax.ir import Op
 
-RTOL = 2e-4
+
+def _rtol(args) -> float:
+    """float32's tolerance for sums as long as the largest dim of ``args`` (tests/tolerance.py)."""
+    dims = [d for x in jax.tree_util.tree_leaves(args) for d in np.shape(x)]
+    return sum_rtol(max(dims, default=1))
 
 
-def _leaves(tree):
-    return [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(tree)]
-
-
-def _assert_close(got, want, rtol: float = RTOL) -> None:
-    got, want = _leaves(got), _leaves(want)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape
-        scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * scale)
+def _assert_close(got, want, rtol: float | None = None) -> None:
+    """The same pytree, leaves of the same shape and dtype, every element close."""
+    assert_tree_close(got, want, rtol=rtol)
 
 
 def _interpreted(program: TracedProgram) -> dict:
@@ -46,7 +43,7 @@ def _interpreted(program: TracedProgram) -> dict:
     return {r.index: impl(r) for r in program.regions}
 
 
-def _check_regions_match_xla(program: TracedProgram, seed: int) -> None:
+def _check_regions_match_xla(program: TracedProgram, seed: int, rtol: float) -> None:
     """Each graph computes what its equations compute, on random inputs of its input types."""
     rng = np.random.default_rng(seed)
     for region in program.regions:
@@ -55,11 +52,9 @@ def _check_regions_match_xla(program: TracedProgram, seed: int) -> None:
             got = evaluate(region.graph, ins)
             want = program.region_callable(region.index)(*ins)
         assert [tuple(np.shape(w)) for w in want] == [t.shape for t in region.graph.output_types]
-        with np.errstate(invalid="ignore"):
-            for g, w in zip(got, want):
-                w = np.asarray(w, np.float64)
-                scale = max(1.0, float(np.nanmax(np.abs(w)))) if np.isfinite(w).any() else 1.0
-                np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL * scale, equal_nan=True)
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_array_close(g, w, rtol=rtol, what=f"region {region.index} output {i}")
 
 
 def check(fn, *args, seed: int = 1, fresh=None, **kwargs) -> TracedProgram:
@@ -68,8 +63,9 @@ def check(fn, *args, seed: int = 1, fresh=None, **kwargs) -> TracedProgram:
     check_jaxpr(program.jaxpr.jaxpr)
     new = fresh if fresh is not None else _fresh_like(args, seed)
     got = program.run(*new, region_impls=_interpreted(program))
-    _assert_close(got, jax.jit(fn)(*new))
-    _check_regions_match_xla(program, seed + 100)
+    rtol = _rtol(args)
+    _assert_close(got, jax.jit(fn)(*new), rtol)
+    _check_regions_match_xla(program, seed + 100, rtol)
     return program
 
 
@@ -117,7 +113,7 @@ def test_suite_program_is_one_region_matching_jit(name: str, bs: int) -> None:
     assert not {Op.TRANSPOSE, Op.CONCAT} & set(_ops(region))  # all layouts fold into the IR
     inputs = programs.make_inputs(program, seed=bs)
     got = traced.run(*inputs, region_impls=_interpreted(traced))
-    _assert_close(got, jax.jit(program.fn)(*inputs))
+    _assert_close(got, jax.jit(program.fn)(*inputs), _rtol(inputs))
 
 
 def test_suite_shapes_and_inputs() -> None:
@@ -216,6 +212,21 @@ def test_elementwise_rules(name: str) -> None:
     fn = ELEMENTWISE[name]
     traced = check(lambda x: fn(x) + x, x, fresh=(fresh,))  # "+ x": identities need company
     assert len(traced.regions) == 1 and traced.cuts == ()
+
+
+def test_the_comparison_tells_tanh_gelu_from_erf_gelu() -> None:
+    """A control that must fail: the two GELUs differ by at most 4.1e-4 on these inputs, which
+    the old 2e-4 relative + absolute check accepted; an interpreter that mapped one to the
+    other would pass test_elementwise_rules."""
+    x = _randn(8, 16, seed=4)
+    erf, tanh = jax.nn.gelu(x, approximate=False), jax.nn.gelu(x, approximate=True)
+    assert float(np.max(np.abs(erf - tanh))) < 4.2e-4
+    scale = max(1.0, float(np.max(np.abs(erf + x))))  # the old check: it passes
+    np.testing.assert_allclose(tanh + x, erf + x, rtol=2e-4, atol=2e-4 * scale)
+    with pytest.raises(AssertionError, match="elements differ"):
+        _assert_close(erf + x, tanh + x)  # as test_elementwise_rules compares them
+    with pytest.raises(AssertionError, match="elements differ"):
+        _assert_close(erf, tanh)
 
 
 def test_silu_is_recognised_and_custom_jvp_inlined() -> None:
@@ -451,7 +462,7 @@ def test_run_inside_jit_with_xla_region_callables() -> None:
     impls = {r.index: traced.region_callable(r.index) for r in traced.regions}
     args = (_randn(4, 32, seed=3), _randn(32, 16, seed=4), _randn(32, 16, seed=5))
     jitted = jax.jit(lambda *a: traced.run(*a, region_impls=impls))
-    _assert_close(jitted(*args), programs.gated_mlp(*args), rtol=1e-5)
+    _assert_close(jitted(*args), jax.jit(programs.gated_mlp)(*args))
     text = jitted.lower(*args).as_text()
     assert "dot_general" in text
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -20,20 +21,45 @@ N = 4096
 CHUNK = 256
 
 # out0 = a*2 + b and out1 = a - b over float32[N], one parallel_for task per CHUNK elements;
-# out2 = [num_threads, tasks run, indices visited more or less than once (must be 0)].
+# out2 = [num_threads, tasks run, indices visited more or less than once (must be 0), whether
+# tasks ran on more than one thread]. With ``spread`` set, a task waits (half a second at most)
+# until a second thread has run a task, so a pool that has threads must show them.
 # The nested kernel runs a parallel_for inside every task of another one.
 KERNELS = textwrap.dedent(f"""
+    #include <pthread.h>
     #include <stdint.h>
+    #include <time.h>
     #include "cpu/abi.h"
 
     enum {{ N = {N}, CHUNK = {CHUNK}, TASKS = N / CHUNK }};
 
     typedef struct {{
       const float* a; const float* b; float* y; float* z; int32_t visits[TASKS]; int32_t runs;
+      int32_t spread; unsigned long first; int32_t many; int32_t gave_up;
     }} Job;
+
+    static double now(void) {{
+      struct timespec t;
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    }}
+
+    static void note_thread(Job* job) {{
+      unsigned long me = (unsigned long)pthread_self(), seen = 0;
+      if (!__atomic_compare_exchange_n(&job->first, &seen, me, 0, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE) && seen != me)
+        __atomic_store_n(&job->many, 1, __ATOMIC_RELEASE);
+      if (!job->spread) return;
+      double until = now() + 0.5;
+      while (!__atomic_load_n(&job->many, __ATOMIC_ACQUIRE) &&
+             !__atomic_load_n(&job->gave_up, __ATOMIC_ACQUIRE) && now() < until) {{}}
+      if (!__atomic_load_n(&job->many, __ATOMIC_ACQUIRE))
+        __atomic_store_n(&job->gave_up, 1, __ATOMIC_RELEASE);
+    }}
 
     static void task(void* arg, int64_t i) {{
       Job* job = (Job*)arg;
+      note_thread(job);
       __atomic_fetch_add(&job->visits[i], 1, __ATOMIC_RELAXED);
       __atomic_fetch_add(&job->runs, 1, __ATOMIC_RELAXED);
       for (int64_t j = i * CHUNK; j < (i + 1) * CHUNK; ++j) {{
@@ -56,12 +82,13 @@ KERNELS = textwrap.dedent(f"""
 
     MJ_EXPORT int two_outputs(const void* const* in, void* const* out, const mj_pool* pool) {{
       Job job = {{(const float*)in[0], (const float*)in[1], (float*)out[0], (float*)out[1],
-                 {{0}}, 0}};
+                 {{0}}, 0, 1, 0, 0, 0}};
       pool->parallel_for(pool->ctx, TASKS, task, &job);
       int32_t* info = (int32_t*)out[2];
       info[0] = pool->num_threads;
       info[1] = job.runs;
       info[2] = bad_visits(&job);
+      info[3] = job.many;
       return 0;
     }}
 
@@ -129,12 +156,14 @@ def test_kernel_runs_inside_jit_and_matches_numpy(lib: build.CompiledLibrary) ->
 def test_multiple_outputs_and_pool_visits_each_index_once(lib: build.CompiledLibrary) -> None:
     name = load_kernel(lib, "two_outputs")
     a, b = _inputs()
-    info_aval = jax.ShapeDtypeStruct((3,), jnp.int32)
+    info_aval = jax.ShapeDtypeStruct((4,), jnp.int32)
     y, z, info = jax.jit(lambda a, b: kernel_call(name, [F32, F32, info_aval], a, b))(a, b)
     np.testing.assert_allclose(np.asarray(y), a * 2 + b, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(z), a - b, rtol=1e-6)
-    num_threads, runs, bad = (int(v) for v in np.asarray(info))
-    assert num_threads >= 1
+    num_threads, runs, bad, many = (int(v) for v in np.asarray(info))
+    # XLA's intra-op pool has a thread per schedulable core, and the tasks run on them
+    assert num_threads == len(os.sched_getaffinity(0))
+    assert many == (num_threads > 1), "the pool's other threads ran no task"
     assert runs == N // CHUNK and bad == 0
 
 

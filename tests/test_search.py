@@ -18,12 +18,15 @@ import math
 import multiprocessing
 import time
 
+import jax
 import numpy as np
 import programs
 import pytest
+from tolerance import assert_array_close, sum_rtol
 
 from mirage_jax import superoptimize, trace
 from mirage_jax.backend.cpu import cost as cost_model
+from mirage_jax.backend.cpu.backend import CpuBackend
 from mirage_jax.errors import GraphError, SearchError
 from mirage_jax.interpret import evaluate, ff_fingerprint
 from mirage_jax.ir import (
@@ -34,6 +37,7 @@ from mirage_jax.ir import (
     Op,
     TensorType,
     ThreadBuilder,
+    copy_into,
     map_blocks,
 )
 from mirage_jax.ir.ops import ACCUMULATORS
@@ -64,8 +68,8 @@ SMALL = {
 
 
 def fast_config(**kw) -> SearchConfig:
-    base = dict(workers=1, time_candidates=False, progress=False, max_tasks=4, max_verify=6,
-                time_budget_s=120)  # fmt: skip
+    base = {"workers": 1, "time_candidates": False, "progress": False, "max_tasks": 4,
+            "max_verify": 6, "time_budget_s": 120}
     base.update(kw)
     return SearchConfig(**base)
 
@@ -101,6 +105,23 @@ def single_kernel(g: KernelGraph) -> BlockGraph | None:
     return programs.single_kernel(g)
 
 
+def compile_and_run(graphs: list[KernelGraph], inputs: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """Each graph's outputs on ``inputs``, compiled by the CPU backend and run in ``jax.jit``
+    as the planner runs them; the graphs side by side in one kernel graph, so that a search's
+    candidates cost one compile, not one each."""
+    kb = KernelBuilder()
+    for g in graphs:
+        copy_into(kb, g)
+    outs = jax.jit(CpuBackend().compile(kb.build()))(*(list(inputs) * len(graphs)))
+    n = len(graphs[0].output_types)
+    return [[np.asarray(y) for y in outs[i * n : (i + 1) * n]] for i in range(len(graphs))]
+
+
+def longest_sum(g: KernelGraph) -> int:
+    """The longest reduction a graph's inputs allow: its largest input dim."""
+    return max(max(t.shape, default=1) for t in g.input_types)
+
+
 @pytest.mark.parametrize("name", list(SMALL))
 def test_small_program_search_finds_mirages_fused_kernel(name):
     result = search(name)
@@ -117,8 +138,14 @@ def test_small_program_search_finds_mirages_fused_kernel(name):
     # the region (traced from jax, inputs in the region's order) is the float64 reference
     fresh = inputs([t.shape for t in target.input_types], seed=11)
     want = evaluate(target, fresh, precision="float64")[0]
-    got = np.asarray(evaluate(found, fresh)[0], np.float64)
-    assert np.max(np.abs(got - want)) <= 1e-4 * max(1.0, np.max(np.abs(want)))
+    rtol = sum_rtol(longest_sum(target))
+    assert_array_close(evaluate(found, fresh)[0], want, dtype=np.float32, rtol=rtol,
+                       what=f"{name}: the interpreted graph")  # fmt: skip
+    # every verified candidate, compiled and run as the planner would run it
+    graphs = [c.graph for c in result.verified]
+    for i, (got,) in enumerate(compile_and_run(graphs, fresh)):
+        assert_array_close(got, want, dtype=np.float32, rtol=rtol,
+                           what=f"{name}: compiled candidate {i}\n{graphs[i]}")  # fmt: skip
     assert result.best is not target or report.comparison != "not compared"
 
 
@@ -127,8 +154,10 @@ def test_small_program_search_finds_mirages_fused_kernel(name):
 def test_full_shape_search_within_a_minute_on_two_cores(name):
     prog = {p.name: p for p in programs.programs(1)}[name]
     target = trace(prog.fn, *programs.make_inputs(prog)).regions[0].graph
+    config = SearchConfig(time_candidates=False, progress=False, cores=2, workers=2)
+    assert config.space(target).cores == 2  # the grids are sized for two cores, not this host's
     start = time.time()
-    result = superoptimize(target, SearchConfig(time_candidates=False, progress=False))
+    result = superoptimize(target, config)
     assert time.time() - start < 60, str(result.report)
     assert any(programs.has_mirage_form(name, c.graph) for c in result.verified), str(result.report)
 
@@ -310,7 +339,7 @@ def test_every_mutant_of_a_found_graph_is_rejected(name):
 
 def test_float_check_rejects_an_unshifted_softmax_the_field_accepts():
     b, m, d, n = 1, 4, 64, 32  # logits of std ~70: exp overflows float32 unless shifted
-    T = lambda *s: TensorType(s, F32)  # noqa: E731
+    T = lambda *s: TensorType(s, F32)
 
     def attention(shift: bool) -> KernelGraph:
         kb = KernelBuilder()
@@ -429,6 +458,16 @@ def test_no_graph_defs_and_nothing_found_keeps_the_target():
 # config, enumeration pieces, cost model, bound
 
 
+def _chain(n: int) -> KernelGraph:
+    """A target of ``n`` elementwise compute ops in a row."""
+    kb = KernelBuilder()
+    v = kb.input(TensorType((4, 8), F32))
+    for i in range(n):
+        v = kb.apply((Op.EXP, Op.TANH)[i % 2], v)
+    kb.output(v)
+    return kb.build()
+
+
 def test_config_is_frozen_hashable_validated_and_derives_the_space():
     cfg = SearchConfig(seed=1, block_ops=["matmul", Op.ACC_SUM])
     assert hash(cfg) == hash(SearchConfig(seed=1, block_ops=[Op.MATMUL, "acc_sum"]))
@@ -445,7 +484,11 @@ def test_config_is_frozen_hashable_validated_and_derives_the_space():
     assert Op.ACC_SUM in space.block_ops and Op.MATMUL in space.block_ops
     assert space.scalars[Op.MUL_SCALAR] == (1 / 1024,)
     assert space.reshapes == ((1, 1024),)
-    assert space.max_block_ops == max(11, 2 + 9)
+    # at least 11 block ops, or the target's compute ops + 2 where that is more
+    assert space.max_block_ops == 11  # 8 compute ops
+    assert SearchConfig().space(target_of("lora")).max_block_ops == 11  # 4 compute ops
+    assert SearchConfig().space(_chain(12)).max_block_ops == 14
+    assert SearchConfig(max_block_ops=5).space(_chain(12)).max_block_ops == 5
     # grid sizes divide an output dim; loop ranges give loop tiles within loop_tile
     assert all(any(d % g == 0 for d in (4, 512)) for g in space.grid_sizes)
     assert space.forloop_ranges((1024,)) and all(
