@@ -267,6 +267,16 @@ def test_first_call_inside_the_users_jit_and_vmap_plans_and_matches_jit():
     _close(jax.vmap(fast)(xs, ws), jax.vmap(jax.jit(_tanh_matmul))(xs, ws))
 
 
+def test_an_optimized_function_is_a_function_to_jax_and_functools():
+    # jax.jit(fast) hashes fast (its cache is keyed by the function), as functools caches do
+    x, w = _randn(8, 16, seed=13), _randn(16, 32, seed=14)
+    fast = mj.optimize(_tanh_matmul, strategy="as_is", require_speedup=False)
+    assert len({fast, fast}) == 1 and fast != mj.optimize(_tanh_matmul)
+    _close(jax.jit(fast)(x, w), jax.jit(_tanh_matmul)(x, w))
+    grad = jax.jit(jax.grad(lambda x, w: fast(x, w).sum(), argnums=1))
+    _close(grad(x, w), jax.grad(lambda x, w: _tanh_matmul(x, w).sum(), argnums=1)(x, w))
+
+
 def test_first_call_under_vmap_plans_the_per_example_shapes():
     xs = np.stack([_randn(8, 16, seed=13 + i) for i in range(3)])
     ws = np.stack([_randn(16, 32, seed=16 + i) for i in range(3)])

@@ -92,7 +92,7 @@ class _NoPlanYet(Exception):
     built outside any trace (it compiles and times code), then the call is traced again."""
 
 
-@dataclass
+@dataclass(eq=False)  # identity equality and hash: jax.jit(fast) and functools caches need one
 class Optimized:
     """A function under ``@optimize``: specialised and built on first call per signature.
 
