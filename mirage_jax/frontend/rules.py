@@ -87,8 +87,11 @@ def _scalar_op(b: RegionBuilder, name: str, x: View, c: float, scalar_right: boo
         return r if c == 1.0 else b.apply(Op.MUL_SCALAR, r, scalar=c)
     if name == "pow" and scalar_right:
         return b.apply(Op.POW_SCALAR, v, exponent=c)
-    if name == "max" and c in (0.0, -math.inf):
-        return b.apply(Op.RELU, v) if c == 0.0 else v
+    if name == "max" and c == -math.inf:
+        return v
+    # max(x, +0.0) is relu; max(x, -0.0) is not: it is -0 where x < 0 (1 / it is -inf)
+    if name == "max" and c == 0.0 and math.copysign(1.0, c) > 0:
+        return b.apply(Op.RELU, v)
     # not min(x, 0) as -relu(-x): that is -0 for x > 0, where XLA gives +0 (and 1 / that is
     # -inf, not inf); the 0 becomes an input and min is -max(-x, -0.0), exact in the zeros too
     if name == "min" and c == math.inf:
