@@ -354,12 +354,15 @@ class _BlockEmitter:
             f = f"mj::op::RoundTo<{target}>"  # an f16/bf16 value kept in a float tile
         return [f"mj::unary<{f}, NT, {L}>(v{v}, v{n.ins[0]}, {_scalar(n)});", "__syncthreads();"]
 
-    def _binary(self, n: Node) -> list[str]:
-        v = n.outs[0]
-        a, b = n.ins
+    def _two_operands(self, n: Node, template: str, tail: str = "") -> list[str]:
+        """``template<out shape, a shape, b shape tail>(out, a, b)``; ``template`` ends with
+        its leading arguments (``mj::binary<F, NT, ``)."""
+        v, (a, b) = n.outs[0], n.ins
         shapes = ", ".join(_shape(self.g.types[x].shape) for x in (v, a, b))
-        return [f"mj::binary<{_functor(n.op)}, NT, {shapes}>(v{v}, v{a}, v{b});",
-                "__syncthreads();"]  # fmt: skip
+        return [f"{template}{shapes}{tail}>(v{v}, v{a}, v{b});", "__syncthreads();"]
+
+    def _binary(self, n: Node) -> list[str]:
+        return self._two_operands(n, f"mj::binary<{_functor(n.op)}, NT, ")
 
     def _reduce(self, n: Node) -> list[str]:
         v, x = n.outs[0], n.ins[0]
@@ -368,11 +371,7 @@ class _BlockEmitter:
                 "__syncthreads();"]  # fmt: skip
 
     def _concat(self, n: Node) -> list[str]:
-        v = n.outs[0]
-        a, b = n.ins
-        shapes = ", ".join(_shape(self.g.types[x].shape) for x in (v, a, b))
-        return [f"mj::concat<NT, {shapes}, {n.attr('dim')}>(v{v}, v{a}, v{b});",
-                "__syncthreads();"]  # fmt: skip
+        return self._two_operands(n, "mj::concat<NT, ", f", {n.attr('dim')}")
 
     def _accumulate(self, n: Node) -> list[str]:
         v = n.outs[0]
