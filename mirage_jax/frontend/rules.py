@@ -57,6 +57,28 @@ def _erfc(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
     return [b.view(b.apply(Op.ADD_SCALAR, minus_erf, scalar=1.0), x.shape)]
 
 
+def _log(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    """log, rewritten where XLA's algebraic simplifier rewrites it under jit, so the region
+    gives jax.jit's answers also where the rewrite is not IEEE-exact: log(exp(y)) is y (also
+    where exp overflows), log(sqrt(y)) is 0.5 log(y), log(rsqrt(y)) is -0.5 log(y) (inf, not
+    NaN, at y = -0), and log(y ** c) for a non-integer c is c log(|y|) (finite for y < 0).
+    Integer powers are multiplies by then in XLA, and stay literal here."""
+    x = b.tensor(eqn.invars[0])
+    op, ins, attrs = b.producer(x.vid)
+    if op is Op.EXP:
+        return [b.view(ins[0], x.shape)]
+    if op in (Op.SQRT, Op.RSQRT):
+        half = 0.5 if op is Op.SQRT else -0.5
+        return [b.view(b.apply(Op.MUL_SCALAR, b.apply(Op.LOG, ins[0]), scalar=half), x.shape)]
+    c = dict(attrs).get("exponent") if op is Op.POW_SCALAR else None
+    if c is not None and not float(c).is_integer():
+        y = ins[0]
+        magnitude = b.apply(Op.MAX, y, b.apply(Op.NEG, y))
+        return [b.view(b.apply(Op.MUL_SCALAR, b.apply(Op.LOG, magnitude), scalar=float(c)),
+                       x.shape)]  # fmt: skip
+    return [b.view(b.apply(Op.LOG, x.vid), x.shape)]
+
+
 def _integer_pow(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
     x, y = b.tensor(eqn.invars[0]), int(eqn.params["y"])
     if y == 0:
@@ -253,11 +275,12 @@ def _dot_general(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
 
 RULES: dict[str, Rule] = {
     **{name: _unary(op) for name, op in {
-        "exp": Op.EXP, "log": Op.LOG, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "tanh": Op.TANH,
+        "exp": Op.EXP, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "tanh": Op.TANH,
         "logistic": Op.SIGMOID, "erf": Op.ERF, "neg": Op.NEG, "square": Op.SQUARE,
     }.items()},
     **{name: _binary(name) for name in ("add", "sub", "mul", "div", "max", "min", "pow")},
     "abs": _abs,
+    "log": _log,
     "erfc": _erfc,
     "integer_pow": _integer_pow,
     "clamp": _clamp,
