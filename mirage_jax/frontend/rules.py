@@ -127,8 +127,13 @@ _BINARY = {"add": Op.ADD, "sub": Op.SUB, "mul": Op.MUL, "div": Op.DIV, "max": Op
 def _tensor_op(b: RegionBuilder, name: str, x: int, y: int) -> int:
     if name == "min":  # min(x, y) == -max(-x, -y) exactly
         return b.apply(Op.NEG, b.apply(Op.MAX, b.apply(Op.NEG, x), b.apply(Op.NEG, y)))
-    if name == "mul":  # x * sigmoid(x) is silu
-        for p, q in ((x, y), (y, x)):
+    if name == "mul":
+        px, py = b.producer(x), b.producer(y)
+        # XLA's simplifier makes exp(a) * exp(b) exp(a + b) (1, not NaN, for exp(100) *
+        # exp(-100)) where both are unbroadcast operands of the product; so does the trace
+        if px[0] is Op.EXP and py[0] is Op.EXP and b.shape(x) == b.shape(y):
+            return b.apply(Op.EXP, b.apply(Op.ADD, px[1][0], py[1][0]))
+        for p, q in ((x, y), (y, x)):  # x * sigmoid(x) is silu
             op, ins, _ = b.producer(q)
             if op is Op.SIGMOID and ins == (p,):
                 return b.apply(Op.SILU, p)
