@@ -105,8 +105,9 @@ def _scalar_op(b: RegionBuilder, name: str, x: View, c: float, scalar_right: boo
         if scalar_right:
             inv = 1.0 / c if c != 0 else math.copysign(math.inf, c)
             return b.apply(Op.MUL_SCALAR, v, scalar=inv)
-        r = b.apply(Op.RECIPROCAL, v)
-        return r if c == 1.0 else b.apply(Op.MUL_SCALAR, r, scalar=c)
+        # c / x is a division: c * (1 / x) overflows where 1 / x does (|x| below 1 / max)
+        # though c / x is finite, as XLA computes it
+        return b.apply(Op.RECIPROCAL, v) if c == 1.0 else None
     if name == "pow" and scalar_right:
         return b.apply(Op.POW_SCALAR, v, exponent=c)
     if name == "max" and c == -math.inf:
