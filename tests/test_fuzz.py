@@ -116,6 +116,37 @@ def program(x0, x1):
 ]
 
 
+# Found by the driver and not fixed yet: each stays a test that fails until its bug is fixed
+KNOWN = [
+    # jax computes gelu(x, approximate=False) as x/2 erfc(-x/sqrt 2): tiny and negative for x
+    # near -10, so its power 1.5 is NaN; erfc traced as 1 - erf is 0 there (needs an ERFC op)
+    (Program("""\
+def program(x0, x1, x2):
+    v2 = x1 * 7.0
+    v3 = jax.nn.gelu(v2, approximate=False)
+    v4 = v3 ** 1.5
+    return x0, v4, v2
+""", shapes=((4, 5), (4, 5), (4, 5)), dtype="f32", values="normal", seed=11515,
+             strategy="as_is"), "erfc as 1 - erf loses the tail's sign"),
+    (Program("""\
+def program(x0, x1, x2):
+    v0 = x0 @ x1
+    v2 = jnp.einsum("...mk,...nk->...mn", v0, x2)
+    v3 = 1.0 / v2
+    v4 = jnp.max(v3, axis=(0, 1), keepdims=True)
+    return v0, v4
+""", shapes=((16, 13, 17), (16, 17, 13), (16, 32, 13)), dtype="f16", values="huge",
+             seed=11069, strategy="as_is"), "f16 interpreter: NaN where jax.jit gives -inf"),
+    (Program("""\
+def program(x0, x1):
+    v0 = x0 * 3.0
+    v3 = jnp.sum(v0, axis=0, keepdims=False)
+    return v0, v3
+""", shapes=((7,), (7,)), dtype="bf16", values="normal", seed=11519, strategy="as_is"),
+     "bf16 interpreter rounds each partial sum to bf16; jax accumulates in f32"),
+]
+
+
 class DrawChooser:
     """The fuzzer's choices drawn by hypothesis (which shrinks them towards the first option,
     the low end and False)."""
@@ -168,7 +199,9 @@ def test_random_programs_agree_through_a_small_search(program: Program) -> None:
     _check(program)
 
 
-@pytest.mark.parametrize("program", REGRESSIONS, ids=lambda p: f"seed{p.seed}-{p.strategy}")
+@pytest.mark.parametrize("program", REGRESSIONS + [
+    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=why)) for p, why in KNOWN
+], ids=lambda p: f"seed{p.seed}-{p.strategy}")  # fmt: skip
 def test_regression(program: Program) -> None:
     _check(program)
 
