@@ -13,7 +13,6 @@ at import time, so importing mirage_jax needs no compiler.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import hashlib
 import json
@@ -28,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mirage_jax.backend.artifacts import get_or_build
 from mirage_jax.backend.cpu.isa import host_isa, isa_flags
 from mirage_jax.backend.headers import runtime_include_dir as include_dir_with
 from mirage_jax.errors import CompileError
@@ -104,24 +104,9 @@ def compile_shared_library(
     def metadata() -> dict[str, object]:
         return _metadata(key, name_hint, compiler, flags, isa)
 
-    try:
-        _, built = _LIBRARIES.get_or_build(lib_path, build, metadata)
-    except OSError as err:  # the store publishes atomically: nothing half-written is left
-        raise cache_write_error(err, _LIBRARIES.directory) from err
+    _, built = get_or_build(_LIBRARIES, lib_path, build, metadata)
     _count("compiles" if built else "cache_hits")
     return CompiledLibrary(lib_path, key)
-
-
-def cache_write_error(err: OSError, directory: Path) -> CompileError:
-    """The error for a kernel that could not be stored in the cache (read-only, full, ...)."""
-    where = f"{err.filename}" if err.filename else str(directory)
-    if err.errno == errno.ENOSPC:
-        remedy = (f"free space on the disk holding {directory}, or set {CACHE_ENV} to a "
-                  "directory on another disk")  # fmt: skip
-    else:
-        remedy = f"make {directory} writable, or set {CACHE_ENV} to a writable directory"
-    return CompileError(f"the kernel cache at {directory} cannot be written: "
-                        f"{err.strerror or err} ({where})", remedy=remedy)  # fmt: skip
 
 
 # --- the compiler ---------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import jax
 
+from mirage_jax.backend.artifacts import get_or_build
 from mirage_jax.backend.headers import runtime_include_dir as include_dir_with
 from mirage_jax.errors import CompileError
 from mirage_jax.store import namespace, write_text_atomic
@@ -165,7 +166,7 @@ def build_cuda(source: str, *, arch: str = "sm_90a", kind: str = "shared",
     def record() -> dict[str, str]:
         return {"key": key, "kind": kind, "arch": arch, "name_hint": name}
 
-    path, _ = _BUILDS.get_or_build(out, build, record)
+    path, _ = get_or_build(_BUILDS, out, build, record)
     return path
 
 
