@@ -264,7 +264,7 @@ def test_gelu_is_its_tanh_formula(rng):
 def test_uninterpreted_functions_are_fixed_per_op_and_seed(rng):
     t = T(64)
     g = kernel([t], lambda kb, x: (ap(kb, Op.SQRT, x), ap(kb, Op.LOG, x), ap(kb, Op.ERF, x),
-                                   ap(kb, Op.POW_SCALAR, x, exponent=1.5)))  # fmt: skip
+                                   ap(kb, Op.ERFC, x), ap(kb, Op.POW_SCALAR, x, exponent=1.5)))  # fmt: skip
     x = random_inputs([t], F, rng)
     first = ff_evaluate(g, x, F)
     again = ff_evaluate(g, x, F)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.special import erf as sp_erf
+from scipy.special import erfc as sp_erfc
 from tolerance import assert_array_close, product_scale, sum_rtol
 
 from mirage_jax.errors import GraphError, MirageError
@@ -69,6 +70,7 @@ UNARY_CASES = [
     (Op.GELU, {}, GELU, jax.nn.gelu, False),
     (Op.TANH, {}, np.tanh, jnp.tanh, False),
     (Op.ERF, {}, sp_erf, jax.scipy.special.erf, False),
+    (Op.ERFC, {}, sp_erfc, jax.scipy.special.erfc, False),
     (Op.RELU, {}, lambda x: np.where(x > 0, x, 0.0), jax.nn.relu, False),
     (Op.NEG, {}, np.negative, jnp.negative, False),
     (Op.RECIPROCAL, {}, lambda x: 1 / x, jnp.reciprocal, True),
@@ -155,6 +157,28 @@ def test_precision_float64_upcasts_and_graph_dtypes_round(rng):
         # computed in float32, rounded once to the storage type
         want = (xh.astype(np.float32) / (1 + np.exp(-xh.astype(np.float32)))).astype(dtype.numpy)
         np.testing.assert_array_equal(yh.astype(np.float32), want.astype(np.float32))
+
+
+def test_half_types_round_where_xla_writes_them(rng):
+    """Elementwise chains stay in float32 (XLA fuses them), matmul and reduction results and
+    the outputs round to the half type (XLA writes them out in it)."""
+    x = (rng.standard_normal((7,)) * 3).astype(BF16.numpy)
+    kb = KernelBuilder()
+    xi = kb.input(T(7, dtype=BF16))
+    prod = kb.apply(Op.MUL_SCALAR, xi, scalar=3.0)
+    kb.output(kb.apply(Op.REDUCE_SUM, prod, dim=0))
+    kb.output(prod)
+    total, prod_out = evaluate(kb.build(), [x])
+    unrounded = x.astype(np.float32) * 3
+    assert total.dtype == prod_out.dtype == BF16.numpy
+    assert float(total[0]) == float(np.float32(unrounded.sum()).astype(BF16.numpy))
+    np.testing.assert_array_equal(prod_out, unrounded.astype(BF16.numpy))
+    # a product that overflows f16 is inf, also when scaled back into range after it
+    kb = KernelBuilder()
+    a, b = kb.input(T(2, 4, dtype=F16)), kb.input(T(4, 2, dtype=F16))
+    kb.output(kb.apply(Op.MUL_SCALAR, kb.matmul(a, b), scalar=1e-3))
+    (y,) = evaluate(kb.build(), [np.full((2, 4), 200, np.float16), np.full((4, 2), 100, np.float16)])
+    assert np.isposinf(y).all(), y
 
 
 def test_input_errors_name_the_cause():

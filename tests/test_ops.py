@@ -162,7 +162,8 @@ def _numeric(term: ab.Term, env: list[np.ndarray]) -> np.ndarray:
     assert head == "fn", f"no numeric meaning for {head}"
     if p.startswith("pow:"):
         return args[0] ** float(p[4:])
-    return {"tanh": np.tanh, "log": np.log, "erf": np.vectorize(math.erf)}[p](args[0])
+    fns = {"tanh": np.tanh, "log": np.log, "erf": math.erf, "erfc": math.erfc}
+    return np.vectorize(fns[p])(args[0])
 
 
 @pytest.mark.parametrize("op", sorted(ELEMENTWISE, key=lambda o: o.value), ids=lambda o: o.value)

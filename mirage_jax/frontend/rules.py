@@ -49,14 +49,6 @@ def _abs(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
     return [b.view(b.apply(Op.MAX, x.vid, b.apply(Op.NEG, x.vid)), x.shape)]
 
 
-def _erfc(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
-    # 1 - erf(x): exact to float eps absolutely (what jax.nn.gelu(approximate=False) needs),
-    # though not relatively deep in the tail where erfc itself is tiny.
-    x = b.tensor(eqn.invars[0])
-    minus_erf = b.apply(Op.NEG, b.apply(Op.ERF, x.vid))
-    return [b.view(b.apply(Op.ADD_SCALAR, minus_erf, scalar=1.0), x.shape)]
-
-
 def _log(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
     """log, rewritten where XLA's algebraic simplifier rewrites it under jit, so the region
     gives jax.jit's answers also where the rewrite is not IEEE-exact: log(exp(y)) is y (also
@@ -282,12 +274,12 @@ def _dot_general(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
 RULES: dict[str, Rule] = {
     **{name: _unary(op) for name, op in {
         "exp": Op.EXP, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "tanh": Op.TANH,
-        "logistic": Op.SIGMOID, "erf": Op.ERF, "neg": Op.NEG, "square": Op.SQUARE,
+        "logistic": Op.SIGMOID, "erf": Op.ERF, "erfc": Op.ERFC, "neg": Op.NEG,
+        "square": Op.SQUARE,
     }.items()},
     **{name: _binary(name) for name in ("add", "sub", "mul", "div", "max", "min", "pow")},
     "abs": _abs,
     "log": _log,
-    "erfc": _erfc,
     "integer_pow": _integer_pow,
     "clamp": _clamp,
     "reduce_sum": _reduce("sum"),

@@ -5,9 +5,12 @@ with the contract's semantics: block graphs with true grid / for-loop / accumula
 (see ``walker``), thread graphs as their ops inlined.
 
 Precision: ``precision=None`` computes in the graph's dtypes: f32 and f64 natively; f16 and
-bf16 are stored in their own type but each op computes in float32 and rounds its result
-(which is also how accumulators hold them: in float32 until the loop ends), as CPU and GPU
-kernels do. ``precision="float64"`` upcasts every input and every op to float64 and ignores
+bf16 are computed in float32 and rounded to their type where XLA writes them out: graph
+inputs and outputs, explicit casts, and the results of matmuls and reductions (which end
+XLA's fusions; accumulators hold float32 until the loop ends). Elementwise chains stay in
+float32 unrounded, as in XLA's fusions (its excess precision): rounding every intermediate
+would be less precise than ``jax.jit`` where a sum cancels. The CPU and CUDA kernels round at
+the same places. ``precision="float64"`` upcasts every input and every op to float64 and ignores
 casts: the high-precision reference the float check compares against.
 """
 
@@ -80,7 +83,12 @@ class FloatSystem(NumberSystem):
     def finish(self, x: np.ndarray, dtype: DType) -> np.ndarray:
         if self.float64:
             return x
+        if dtype.itemsize < 4:
+            return x.astype(np.float32, copy=False)  # held unrounded until stored
         return x.astype(dtype.numpy, copy=False)
+
+    def store(self, x: np.ndarray, dtype: DType) -> np.ndarray:
+        return x if self.float64 else x.astype(dtype.numpy, copy=False)
 
     # primitives
     add = _lift(np.add)
@@ -101,6 +109,11 @@ class FloatSystem(NumberSystem):
         from scipy.special import erf  # scipy ships with jax
 
         return erf(_up(x))
+
+    def erfc(self, x):
+        from scipy.special import erfc  # scipy ships with jax
+
+        return erfc(_up(x))
 
     def sigmoid(self, x):
         from scipy.special import expit  # overflow-free logistic

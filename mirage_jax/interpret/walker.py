@@ -73,6 +73,11 @@ class NumberSystem(ABC):
         """Bring one node result to the value's declared dtype (rounding, for floats)."""
         return x
 
+    def store(self, x: Any, dtype: DType) -> Any:
+        """A value written out in its declared dtype (half-precision floats rounded; see the
+        float system): a graph output, or a result XLA would write out (``_materialised``)."""
+        return x
+
     def broadcast_to(self, x: Any, shape: tuple[int, ...]) -> Any:
         return self.layout(x, lambda v: np.broadcast_to(v, shape))
 
@@ -106,6 +111,9 @@ class NumberSystem(ABC):
 
     @abstractmethod
     def erf(self, x: Any) -> Any: ...
+
+    @abstractmethod
+    def erfc(self, x: Any) -> Any: ...
 
     @abstractmethod
     def scale(self, x: Any, c: float | Fraction) -> Any:
@@ -278,7 +286,7 @@ def evaluate_graph(graph: Graph, inputs: Sequence[Any], ns: NumberSystem) -> lis
     if isinstance(graph, BlockGraph):
         return run_block(graph, values, ns)
     env = kernel_values(graph, values, ns)
-    return [env[n.ins[0]] for n in graph.outputs]
+    return [ns.store(env[n.ins[0]], graph.types[n.ins[0]].dtype) for n in graph.outputs]
 
 
 def kernel_values(
@@ -310,7 +318,18 @@ def apply_node(graph: Graph, node: Node, env: dict[int, Any], ns: NumberSystem, 
         inner_env = _thread_values(inner, xs, ns, lead)
         return inner_env[inner.outputs[0].ins[0]]
     result = OP_TABLE[node.op](ns, xs, node.attr_dict, lead)
-    return ns.finish(result, graph.types[node.outs[0]].dtype)
+    dtype = graph.types[node.outs[0]].dtype
+    if _materialised(graph, node):
+        return ns.store(ns.finish(result, dtype), dtype)
+    return ns.finish(result, dtype)
+
+
+def _materialised(graph: Graph, node: Node) -> bool:
+    """Is this node's result written out in its dtype, as XLA writes a dot's or a reduction's
+    (they end XLA's fusions), rather than a partial result an accumulator folds further?"""
+    if node.op is not Op.MATMUL and node.op not in REDUCTIONS:
+        return False
+    return not any(u.op in ACCUMULATORS for u in graph.users(node.outs[0]))
 
 
 def _thread_values(graph: ThreadGraph, xs: list[Any], ns: NumberSystem, lead: int) -> dict:
@@ -491,4 +510,4 @@ class _Accumulator:
             out = ns.scale(out, Fraction(1, self.count))
         elif self.op is Op.ACC_RMS:
             out = ns.sqrt(ns.scale(out, Fraction(1, self.count)))
-        return ns.finish(out, self.dtype)
+        return ns.store(ns.finish(out, self.dtype), self.dtype)

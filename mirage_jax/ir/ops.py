@@ -61,6 +61,7 @@ class Op(enum.Enum):
     GELU = "gelu"  # tanh approximation, as jax.nn.gelu(approximate=True)
     TANH = "tanh"
     ERF = "erf"
+    ERFC = "erfc"  # not 1 - erf: that is 0 where erfc is tiny (and its sign matters)
     RELU = "relu"
     NEG = "neg"
     RECIPROCAL = "reciprocal"
@@ -183,7 +184,7 @@ def _info() -> dict[Op, OpInfo]:
     # element_flops: measured with the runtime's float32 kernels (math.h) on 16 KiB rows in L1
     # on the 2-core Zen 5, against a multiply at 53 G elements/s per core: exp 3.9, tanh 2.5,
     # sqrt-then-divide 9, divide 24. The others are composed from those (sigmoid and silu: an
-    # exp and a divide; log like exp; erf and gelu like tanh; pow: a log and an exp).
+    # exp and a divide; log like exp; erf and gelu like tanh, erfc like erf and exp; pow: a log and an exp).
     return {
         Op.INPUT: structure(0, frozenset({K, T}), abstract="var[index]"),
         Op.OUTPUT: structure(1, frozenset({K, T}), outputs=0),
@@ -213,6 +214,7 @@ def _info() -> dict[Op, OpInfo]:
         Op.TANH: unary("Tanh", "fn[tanh](x)", "fresh_ratio", element_flops=12.0,
                        transcendental=True, exponentiates=True),
         Op.ERF: unary("Erf", "fn[erf](x)", "fresh", element_flops=12.0, transcendental=True),
+        Op.ERFC: unary("Erfc", "fn[erfc](x)", "fresh", element_flops=20.0, transcendental=True),
         Op.RELU: unary("Relu", "max(x, 0)", "fresh"),
         Op.NEG: unary("Neg", "neg(x)", "same"),
         Op.RECIPROCAL: unary("Reciprocal", "inv(x)", "reciprocal", element_flops=1.25,

@@ -131,6 +131,8 @@ MJ_HD float m_tanh(float x) { return ::tanhf(x); }
 MJ_HD double m_tanh(double x) { return ::tanh(x); }
 MJ_HD float m_erf(float x) { return ::erff(x); }
 MJ_HD double m_erf(double x) { return ::erf(x); }
+MJ_HD float m_erfc(float x) { return ::erfcf(x); }
+MJ_HD double m_erfc(double x) { return ::erfc(x); }
 MJ_HD float m_pow(float x, float y) { return ::powf(x, y); }
 MJ_HD double m_pow(double x, double y) { return ::pow(x, y); }
 
