@@ -2,6 +2,11 @@
 
     python benchmarks/run.py [--bs 1 8] [--programs rmsnorm_linear lora] [--json out.json]
                              [--chart speedups.png] [--strategy search]
+                             [--dtype float32 bfloat16]
+
+With ``--dtype float32 bfloat16`` every case also runs with bfloat16 inputs and weights (the
+same program: jax computes it in bfloat16); its row's speedup is over ``jax.jit`` of the
+bfloat16 program, and ``vs f32`` is our float32 plan's time over our bfloat16 plan's.
 
 For every program and batch size: jax.jit median time, mirage_jax.optimize median time, the
 speedup, this machine's roofline floor (max of bytes / memory bandwidth and flops / matmul
@@ -22,6 +27,7 @@ with FMAs (the probe's stream_overlap near 0, as on an Ice Lake Xeon).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -171,7 +177,8 @@ def bench_case(program: programs.Program, bs: int, args_ns: argparse.Namespace,
     os.environ.pop("MIRAGE_JAX_CACHE_DIR")
 
     xla = jax.jit(program.fn)
-    got, want = np.asarray(fast(*args)), np.asarray(xla(*args))
+    got = np.asarray(fast(*args), np.float64)
+    want = np.asarray(xla(*args), np.float64)
     err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
     before = ceilings.measure()
     dispatch = dispatch_seconds(args)
@@ -211,7 +218,7 @@ FLOOR_TARGET = 1.25  # issue 5: memory-bound cases within 1.25x of their floor
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (f"{'program':16} {'bs':>2} {'jax.jit':>10} {'mirage':>10} {'speedup':>8} "
+    head = (f"{'program':16} {'bs':>2} {'dtype':>8} {'vs f32':>6} {'jax.jit':>10} {'mirage':>10} {'speedup':>8} "
             f"{'floor':>10} {'bound':>7} {'GB/s':>5} {'disp':>6} {'xla/fl':>7} {'mj/fl':>7} "
             f"{'mj/fl~':>7} {'cold':>7} "
             f"{'search':>7} "
@@ -219,7 +226,9 @@ def print_table(rows: list[dict]) -> None:
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['program']:16} {r['bs']:>2} {r['xla_s']*1e3:>8.3f}ms "
+        vs = f"{r['vs_f32']:.2f}x" if "vs_f32" in r else "-"
+        print(f"{r['program']:16} {r['bs']:>2} {r.get('dtype', 'float32'):>8} {vs:>6} "
+              f"{r['xla_s']*1e3:>8.3f}ms "
               f"{r['mirage_s']*1e3:>8.3f}ms {r['speedup']:>7.2f}x {r['floor_s']*1e3:>8.3f}ms "
               f"{r['bound']:>7} {r['bandwidth'] / 1e9:>5.1f} {r['dispatch_s'] * 1e6:>4.0f}us "
               f"{r['xla_of_floor']:>7.2f} "
@@ -227,9 +236,15 @@ def print_table(rows: list[dict]) -> None:
               f"{r['plan_cold_s']:>6.1f}s {r['search_s']:>6.1f}s {r['compile_s']:>7.1f}s "
               f"{r['plan_cached_s']:>6.2f}s "
               f"{_percent(r.get('steal')):>6}")
-    speedups = [r["speedup"] for r in rows]
-    geo = math.exp(statistics.mean(math.log(s) for s in speedups))
-    print(f"\ngeomean speedup over jax.jit: {geo:.2f}x; min {min(speedups):.2f}x")
+    print()
+    for dtype in dict.fromkeys(r.get("dtype", "float32") for r in rows):
+        speedups = [r["speedup"] for r in rows if r.get("dtype", "float32") == dtype]
+        geo = math.exp(statistics.mean(math.log(s) for s in speedups))
+        print(f"geomean speedup over jax.jit, {dtype}: {geo:.2f}x; min {min(speedups):.2f}x")
+        vs = [r["vs_f32"] for r in rows if r.get("dtype") == dtype and "vs_f32" in r]
+        if vs:
+            geo = math.exp(statistics.mean(math.log(s) for s in vs))
+            print(f"  over our float32 plan: geomean {geo:.2f}x; min {min(vs):.2f}x")
     memory = [r for r in rows if r["bound"] == "memory"]
     if memory:
         worst = max(memory, key=lambda r: r["mirage_of_floor"])
@@ -279,6 +294,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", default="benchmarks/results.json")
     parser.add_argument("--chart")
+    parser.add_argument("--dtype", nargs="+", default=["float32"],
+                        choices=("float32", "bfloat16", "float16"))  # fmt: skip
     ns = parser.parse_args()
     ceilings = Ceilings()
     floors = ceilings.measure(budget_s=1.0)
@@ -290,8 +307,16 @@ def main() -> None:
         for program in programs.programs(bs):
             if ns.programs and program.name not in ns.programs:
                 continue
-            rows.append(bench_case(program, bs, ns, ceilings))
-            print(f"  {program.name} bs={bs}: {rows[-1]['speedup']:.2f}x", file=sys.stderr)
+            f32_time = None
+            for dtype in ns.dtype:
+                row = bench_case(dataclasses.replace(program, dtype=dtype), bs, ns, ceilings)
+                row["dtype"] = dtype
+                if dtype == "float32":
+                    f32_time = row["mirage_s"]
+                elif f32_time is not None:
+                    row["vs_f32"] = f32_time / row["mirage_s"]
+                rows.append(row)
+                print(f"  {program.name} bs={bs} {dtype}: {row['speedup']:.2f}x", file=sys.stderr)
     print_table(rows)
     Path(ns.json).write_text(json.dumps({"bandwidth": floors[0], "matmul_rate": floors[1],
                                          "rows": rows}, indent=1))  # fmt: skip

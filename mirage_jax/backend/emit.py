@@ -16,13 +16,14 @@ from __future__ import annotations
 import abc
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from mirage_jax.errors import CompileError
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase, ThreadGraph
 from mirage_jax.ir.ops import ACCUMULATORS, BINARY, NONE_DIM, REDUCTIONS, UNARY, Op
+from mirage_jax.ir.types import TensorType
 
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -162,8 +163,15 @@ class StoragePlan:
         return self.alias.get(v, v)
 
 
-def plan_storage(graph: KernelGraph, align: int) -> StoragePlan:
-    """Buffers for ``graph``'s values; scratch offsets are multiples of ``align`` bytes."""
+def plan_storage(
+    graph: KernelGraph,
+    align: int,
+    nbytes: Callable[[TensorType], int] = lambda t: t.nbytes,
+    in_place: Callable[[int], bool] = lambda v: True,
+) -> StoragePlan:
+    """Buffers for ``graph``'s values; scratch offsets are multiples of ``align`` bytes and a
+    scratch value takes ``nbytes(type)`` (a backend may hold some dtypes wider); a value may
+    be computed in its output buffer where ``in_place(value)``, else it is copied there."""
     alias: dict[int, int] = {}
     for n in graph.nodes_of(Op.RESHAPE):
         alias[n.outs[0]] = alias.get(n.ins[0], n.ins[0])
@@ -174,7 +182,7 @@ def plan_storage(graph: KernelGraph, align: int) -> StoragePlan:
     for k, pos in enumerate(outputs):
         root = alias.get(graph.nodes[pos].ins[0], graph.nodes[pos].ins[0])
         # an input is read-only and a value fills one buffer: those outputs are copies
-        if root in input_index or root in output_of:
+        if root in input_index or root in output_of or not in_place(root):
             copy_to[pos] = k
         else:
             output_of[root] = k
@@ -186,7 +194,7 @@ def plan_storage(graph: KernelGraph, align: int) -> StoragePlan:
         for v in n.outs:
             if v not in output_of:
                 offset[v] = scratch
-                scratch += -(-graph.types[v].nbytes // align) * align
+                scratch += -(-nbytes(graph.types[v]) // align) * align
     return StoragePlan(alias, input_index, output_of, copy_to, offset, scratch)
 
 
@@ -207,7 +215,17 @@ class KernelEmitter(abc.ABC):
         self.symbol = symbol
         self.lines: list[str] = []
         self.blocks: list[str] = []
-        self.storage = plan_storage(graph, self.scratch_align)
+        self.storage = plan_storage(
+            graph, self.scratch_align, self.scratch_nbytes, self.computed_in_output
+        )
+
+    def scratch_nbytes(self, t: TensorType) -> int:
+        """Bytes of a scratch value of type ``t`` (its own dtype's, unless a backend widens)."""
+        return t.nbytes
+
+    def computed_in_output(self, v: int) -> bool:
+        """Whether value ``v``, a kernel output, may be computed in its output buffer."""
+        return True
 
     def var(self, v: int) -> str:
         return f"{self.prefix}{v}"

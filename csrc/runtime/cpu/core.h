@@ -41,6 +41,55 @@ inline constexpr std::size_t kAlign = 64;
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// ---------------------------------------------------------- half-precision storage types
+
+// bfloat16 and float16 are storage types only: reading one widens it to float, writing one
+// rounds to nearest even (NaN stays a quiet NaN), and every op computes in float, as XLA's
+// CPU backend does. Tiles and accumulators of half-precision values are float arrays.
+struct bf16 {
+  std::uint16_t bits;
+  bf16() = default;
+  MJ_INLINE bf16(float f) : bits(round(f)) {}
+  MJ_INLINE operator float() const {
+    return __builtin_bit_cast(float, static_cast<std::uint32_t>(bits) << 16);
+  }
+  static MJ_INLINE std::uint16_t round(float f) {
+    const std::uint32_t u = __builtin_bit_cast(std::uint32_t, f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+    return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+};
+
+struct f16 {
+  _Float16 value;  // IEEE binary16: F16C converts it where the ISA has it
+  f16() = default;
+  MJ_INLINE f16(float f) : value(static_cast<_Float16>(f)) {}
+  MJ_INLINE operator float() const { return static_cast<float>(value); }
+};
+
+// The type an element of type T is computed in: float for the half types, else T itself.
+template <class T>
+struct Compute {
+  using type = T;
+};
+template <>
+struct Compute<bf16> {
+  using type = float;
+};
+template <>
+struct Compute<f16> {
+  using type = float;
+};
+template <class T>
+using compute_t = typename Compute<std::remove_cv_t<T>>::type;
+template <class T>
+inline constexpr bool is_half = !std::is_same_v<compute_t<T>, std::remove_cv_t<T>>;
+
+template <class T>
+MJ_INLINE compute_t<T> widen(const T& x) {
+  return static_cast<compute_t<T>>(x);
+}
+
 // ------------------------------------------------------------------------------------ shapes
 
 template <i64... D>

@@ -4,7 +4,8 @@
 // (numpy rules over equal ranks). f is an op functor (math.h) or a generated lambda holding a
 // whole thread graph, so a fused chain is a single pass over the tile. The innermost row runs
 // in SIMD registers when all operands share the output's element type and are contiguous or
-// broadcast there; the tail and any other case run the same f on scalars.
+// broadcast there; the tail and any other case run the same f on scalars, reading bf16 / f16
+// elements as float and rounding a bf16 / f16 result (core.h).
 #pragma once
 
 #include "cpu/math.h"
@@ -34,7 +35,7 @@ struct MapRow {
       for (; j + W <= j1; j += W) vstore<V>(o + j, f(load<V, sp.inner_s(K + 1)>(x, j)...));
     }
 #pragma GCC ivdep
-    for (; j < j1; ++j) o[j * so] = static_cast<O>(f(x[j * sp.inner_s(K + 1)]...));
+    for (; j < j1; ++j) o[j * so] = static_cast<O>(f(widen(x[j * sp.inner_s(K + 1)])...));
   }
 
   template <class V, i64 S, class X>

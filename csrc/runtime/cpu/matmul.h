@@ -11,6 +11,7 @@
 // All sizes and leading dimensions are compile-time constants. Accumulation is in T.
 #pragma once
 
+#include "cpu/half.h"
 #include "cpu/parallel.h"
 
 namespace mj {
@@ -328,7 +329,7 @@ constexpr i64 kernel_block_rows(i64 M, i64 others) {
 
 // Kernel level: out = a @ b with batch dims, tasks over batch x M blocks x N blocks.
 template <class Out, class A, class B>
-inline void matmul(const mj_pool* pool, Out& out, const A& a, const B& b) {
+inline void matmul_one_type(const mj_pool* pool, Out& out, const A& a, const B& b) {
   using D = MatmulDims<shape_of<A>, shape_of<B>>;
   using T = value_of<Out>;
   using Cfg = GemmCfg<T>;
@@ -356,6 +357,19 @@ inline void matmul(const mj_pool* pool, Out& out, const A& a, const B& b) {
     for (i64 t = 0; t < tasks; ++t) task(t);
   } else {
     parallel_for(pool, tasks, task);
+  }
+}
+
+template <class Out, class A, class B>
+inline void matmul(const mj_pool* pool, Out& out, const A& a, const B& b) {
+  if constexpr (any_half<Out, A, B>) {
+    with_wide_input(pool, a, [&](const auto& wa) {
+      with_wide_input(pool, b, [&](const auto& wb) {
+        with_wide_output(pool, out, [&](const auto& o) { matmul_one_type(pool, o, wa, wb); });
+      });
+    });
+  } else {
+    matmul_one_type(pool, out, a, b);
   }
 }
 

@@ -2,6 +2,7 @@
 //
 //   core.h         shapes, tiles, views, SIMD vectors, the N-d iteration engine
 //   math.h         one elementwise functor per IR op (vectorisable float32 exp/log/tanh/erf)
+//   half.h         kernel-level folds and products over bf16 / f16 tensors (via float)
 //   parallel.h     pool-based parallel for, kernel workspace, error guard
 //   elementwise.h  map: fused, broadcasting elementwise loops (ops and thread graphs)
 //   reduce.h       reductions over one dim, concat, transpose
@@ -14,6 +15,7 @@
 #include "cpu/accum.h"
 #include "cpu/core.h"
 #include "cpu/elementwise.h"
+#include "cpu/half.h"
 #include "cpu/math.h"
 #include "cpu/matmul.h"
 #include "cpu/parallel.h"

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "cpu/elementwise.h"
+#include "cpu/half.h"
 
 namespace mj {
 
@@ -181,7 +182,7 @@ MJ_INLINE void concat(Out& out, const A& a, const B& b) {
 namespace k {
 
 template <class R, int Dim, class Out, class In>
-inline void reduce(const mj_pool* pool, Out& out, const In& in) {
+inline void reduce_one_type(const mj_pool* pool, Out& out, const In& in) {
   using D = ReduceDims<shape_of<In>, Dim>;
   static_assert(shape_of<Out>::size == D::A * D::B, "reduction output shape");
   auto* o = out.ptr();
@@ -198,6 +199,17 @@ inline void reduce(const mj_pool* pool, Out& out, const In& in) {
         for (i64 b = lo; b < hi; ++b) o[b] = R::step(o[b], x[n * D::B + b]);
       finish_all<R, D::N>(o, lo, hi);
     });
+  }
+}
+
+template <class R, int Dim, class Out, class In>
+inline void reduce(const mj_pool* pool, Out& out, const In& in) {
+  if constexpr (any_half<Out, In>) {
+    with_wide_input(pool, in, [&](const auto& x) {
+      with_wide_output(pool, out, [&](const auto& o) { reduce_one_type<R, Dim>(pool, o, x); });
+    });
+  } else {
+    reduce_one_type<R, Dim>(pool, out, in);
   }
 }
 

@@ -81,8 +81,9 @@ MJ_INLINE View<U, TSh> tile_view(U* base, const BlockIdx& b, i64 it) {
   return View<U, TSh>(base + tile_offset<Full, TSh, IMap, FDim>(b, it));
 }
 
-template <class Full, class OMap, int FDim, class T, class TSh>
-MJ_INLINE void store_tile(T* dst, const Tile<T, TSh>& tile, const BlockIdx& b, i64 it) {
+// T may be a half-precision type of a float tile: copy_region rounds each element.
+template <class Full, class OMap, int FDim, class T, class U, class TSh>
+MJ_INLINE void store_tile(T* dst, const Tile<U, TSh>& tile, const BlockIdx& b, i64 it) {
   copy_region<TSh, Full, TSh>(dst + tile_offset<Full, TSh, OMap, FDim>(b, it), tile.data);
 }
 

@@ -17,7 +17,12 @@ instantiates. The layout of the translation unit:
   per kernel and reused; a reshape is an alias; an output is written in place by its producer
   (the storage plan of ``mirage_jax.backend.emit``, shared with the CUDA backend).
 
-Only float32 and float64 are emitted; other dtypes raise ``CompileError`` naming op and dtype.
+float32 and float64 are computed as they are. bfloat16 and float16 are storage types
+(``mj::bf16``, ``mj::f16``): the kernel's input and output buffers hold them, while tiles,
+accumulators and scratch tensors hold float, the loads and stores of tiles convert, and a value
+is rounded to its half type where the reference interpreter rounds it (casts, the results of
+matmuls and reductions: where XLA writes them out). A half-precision input tile is always
+copied (converted), never read in place.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase, ThreadGrap
 from mirage_jax.ir.ops import ACCUMULATORS, ELEMENTWISE, NONE_DIM, REDUCTIONS, Op
 from mirage_jax.ir.types import DType, TensorType
 
-_CTYPE = {DType.F32: "float", DType.F64: "double"}
+_CTYPE = {DType.F32: "float", DType.F64: "double", DType.BF16: "mj::bf16", DType.F16: "mj::f16"}
+_HALF = frozenset({DType.BF16, DType.F16})
 _ALIGN = 64
 _KERNEL_PARAMS = "const void* const* inputs, void* const* outputs, const mj_pool* pool"
 # Tiles of one block beyond this many bytes go to thread-local storage instead of the stack.
@@ -83,8 +89,11 @@ check_table(TABLE, "CPU")
 
 def reads_in_place(block: BlockGraph, value: int) -> bool:
     """Whether an input tile is read where it lies instead of copied: when only matmuls use
-    it (they stream it from the tensor). The cost model prices tiles by the same rule."""
+    it (they stream it from the tensor) and it is not half-precision (converted as it is
+    copied). The cost model prices tiles by the same rule."""
     users = block.users(value)
+    if block.types[value].dtype in _HALF:
+        return False
     return bool(users) and all(u.op is Op.MATMUL for u in users)
 
 
@@ -131,12 +140,28 @@ def emit_cpu(graph: KernelGraph, symbol: str) -> str:
 
 
 def _ctype(t: TensorType, op: Op) -> str:
+    """The C++ element type a buffer of ``t`` is stored in."""
     if t.dtype not in _CTYPE:
         raise CompileError(
             f"CPU backend: {op.value} on {t.dtype.value} tensors is not supported",
             remedy="run the region in float32 (cast at its boundary) or leave it to XLA",
         )
     return _CTYPE[t.dtype]
+
+
+def _compute_ctype(t: TensorType, op: Op) -> str:
+    """The C++ element type ``t`` is computed in: float for the half types (tiles, scratch)."""
+    return "float" if t.dtype in _HALF else _ctype(t, op)
+
+
+def _tile_bytes(t: TensorType) -> int:
+    """Bytes of a tile or scratch tensor of ``t`` (in its compute type)."""
+    return t.size * 4 if t.dtype in _HALF else t.nbytes
+
+
+def _round(t: TensorType) -> str | None:
+    """The functor rounding a float value to ``t``'s half type, or None for other dtypes."""
+    return f"mj::op::Round<{_CTYPE[t.dtype]}>{{}}" if t.dtype in _HALF else None
 
 
 _shape = shape_type
@@ -154,7 +179,7 @@ def _functor(node: Node, types: tuple[TensorType, ...]) -> str:
     """The op functor of an elementwise node (unary, binary or cast)."""
     op = node.op
     if op is Op.CAST:
-        return f"mj::op::Cast<{_ctype(types[node.outs[0]], op)}>{{}}"
+        return _round(types[node.outs[0]]) or f"mj::op::Cast<{_ctype(types[node.outs[0]], op)}>{{}}"
     if op in (Op.MUL_SCALAR, Op.ADD_SCALAR):
         return f"{TABLE[op].functor}{{{_literal(node.attr('scalar'))}}}"
     if op is Op.POW_SCALAR:
@@ -207,6 +232,23 @@ class _KernelEmitter(KernelEmitter):
     scratch_align = _ALIGN
     prefix = "v"
 
+    def scratch_nbytes(self, t: TensorType) -> int:
+        return _tile_bytes(t)
+
+    def computed_in_output(self, v: int) -> bool:
+        # a half-precision output that other ops read too: they read it unrounded (as XLA's
+        # multi-output fusions do), so it is computed in float and rounded as it is copied
+        users = [u for u in self.g.users(v) if u.op is not Op.OUTPUT]
+        return self.g.types[v].dtype not in _HALF or not users
+
+    def _stored(self, v: int) -> str:
+        """The C++ element type of v's memory: its dtype's in the kernel's own buffers (inputs,
+        outputs), its compute type in scratch."""
+        t, root = self.g.types[v], self.storage.root(v)
+        if root in self.storage.input_index or root in self.storage.output_of:
+            return _ctype(t, self.g.producer(v).op)
+        return _compute_ctype(t, self.g.producer(v).op)
+
     def source(self) -> str:
         _check_dtypes(self.g)
         self.walk()
@@ -229,7 +271,7 @@ class _KernelEmitter(KernelEmitter):
 
     def _view(self, v: int, where: str, const: bool = False) -> None:
         t = self.g.types[v]
-        ct = _ctype(t, self.g.producer(v).op)
+        ct = self._stored(v)
         elem = f"const {ct}" if const else ct
         self.lines.append(f"const mj::View<{elem}, {_shape(t.shape)}> {self.var(v)}({where});")
 
@@ -255,19 +297,24 @@ class _KernelEmitter(KernelEmitter):
         if v in st.output_of:
             self._view(v, f"outputs[{st.output_of[v]}]")
         else:
-            ct = _ctype(self.g.types[v], self.g.producer(v).op)
-            self._view(v, f"ws.at<{ct}>({st.offset[v]})")
+            self._view(v, f"ws.at<{self._stored(v)}>({st.offset[v]})")
 
     def compute(self, node: Node) -> None:
         emit = lookup(_KERNEL_OPS, node.op, "CPU", "kernel")
         ins = [self.var(i) for i in node.ins]
         out = self.var(node.outs[0]) if node.outs else ""
         self.lines.append(f"{emit(self, node, out, ins)};  // {node_text(node)}")
+        if node.op is Op.MATMUL or node.op in REDUCTIONS:
+            v = node.outs[0]
+            rounding = _round(self.g.types[v])
+            if rounding and self._stored(v) == "float":  # a bf16 / f16 buffer rounds itself
+                self.lines.append(f"mj::k::map(pool, {rounding}, {out}, {out});  // round")
 
     def _graph_def(self, node: Node, out: str, ins: list[str]) -> str:
         block = node.attr("block")
         fname = f"block_{node.outs[0]}"
-        emitter = _BlockEmitter(block, fname)
+        stored = [self._stored(v) for v in (*node.ins, *node.outs)]
+        emitter = _BlockEmitter(block, fname, stored)
         self.blocks.append(emitter.source())
         data = ", ".join([*(f"{a}.data" for a in ins),
                           *(f"{self.var(v)}.data" for v in node.outs)])  # fmt: skip
@@ -313,9 +360,10 @@ _KERNEL_OPS: dict[str, _KernelOp] = {
 class _BlockEmitter:
     """One graph-defined kernel as a per-block C++ function."""
 
-    def __init__(self, block: BlockGraph, fname: str) -> None:
+    def __init__(self, block: BlockGraph, fname: str, stored: list[str]) -> None:
         self.g = fuse_elementwise(block)
         self.fname = fname
+        self.stored = stored  # C++ element types of the operands' and outputs' memory
         self.phase = self.g.phases()
         self.decls: list[str] = []
         self.frame_bytes = 0
@@ -337,10 +385,9 @@ class _BlockEmitter:
             self._node(node, savers)
             savers += node.op is Op.OUTPUT_SAVER
         params = ["const mj::BlockIdx& b"]
-        for i, t in enumerate(g.arg_types):
-            params.append(f"const {_ctype(t, Op.GRAPH_DEF)}* in{i}")
-        for k, t in enumerate(g.output_types):
-            params.append(f"{_ctype(t, Op.GRAPH_DEF)}* out{k}")
+        n_in = len(g.arg_types)
+        params += [f"const {self.stored[i]}* in{i}" for i in range(n_in)]
+        params += [f"{self.stored[n_in + k]}* out{k}" for k in range(len(g.output_types))]
         if self.split:
             return self._split_source(params)
         storage = "static thread_local " if self.frame_bytes > _STACK_FRAME_LIMIT else ""
@@ -420,6 +467,7 @@ class _BlockEmitter:
                 op_group(p.op) in _DIRECT_WRITERS
                 and len(g.users(v)) == 1
                 and v not in self.fused_acc
+                and g.types[v].dtype not in _HALF  # computed in float, stored converted
                 and is_contiguous_tile(g.types[v].shape, g.output_types[k].shape)
             ):
                 self.direct_out[v] = k
@@ -441,8 +489,8 @@ class _BlockEmitter:
 
     def _tile(self, v: int, op: Op) -> str:
         t = self.g.types[v]
-        self.decls.append(f"mj::Tile<{_ctype(t, op)}, {_shape(t.shape)}> t{v};")
-        self.frame_bytes += t.nbytes
+        self.decls.append(f"mj::Tile<{_compute_ctype(t, op)}, {_shape(t.shape)}> t{v};")
+        self.frame_bytes += _tile_bytes(t)
         self.name[v] = f"t{v}"
         return self.name[v]
 
@@ -462,7 +510,7 @@ class _BlockEmitter:
             if reads_in_place(g, v):
                 self.name[v] = f"t{v}"
                 stmt = f"const auto t{v} = mj::tile_ref{tmpl}, {tile}>(in{arg}, b, {it});"
-            elif is_contiguous_tile(g.types[v].shape, full):
+            elif g.types[v].dtype not in _HALF and is_contiguous_tile(g.types[v].shape, full):
                 self.name[v] = f"t{v}"
                 stmt = f"const auto t{v} = mj::tile_view{tmpl}, {tile}>(in{arg}, b, {it});"
             else:
@@ -489,6 +537,15 @@ class _BlockEmitter:
         out = self._output_view(v) if v in self.direct_out else self._tile(v, op)
         emit = lookup(_BLOCK_OPS, op, "CPU", "block")
         self._where(v).append(f"{emit(self, node, out, ins)};  // {text}")
+        if op is Op.MATMUL or op in REDUCTIONS:
+            self._round(v, out)
+
+    def _round(self, v: int, name: str) -> None:
+        """A matmul's or a reduction's float result rounded to its half type (see the module
+        docstring), where its dtype is one."""
+        rounding = _round(self.g.types[v])
+        if rounding:
+            self._where(v).append(f"mj::map({rounding}, {name}, {name});  // round")
 
     def _map_reduce(self, node: Node, text: str) -> None:
         g, v, x = self.g, node.outs[0], node.ins[0]
@@ -499,6 +556,7 @@ class _BlockEmitter:
         stmt = (f"mj::map_reduce<{TABLE[node.op].functor}, {_shape(g.types[x].shape)}>"
                 f"({out}, {f}, {ins});")  # fmt: skip
         self._where(v).append(f"{stmt}  // {text} of {node_text(p)}")
+        self._round(v, out)
 
     def _saver(self, node: Node, k: int, text: str) -> None:
         v = node.ins[0]
@@ -511,16 +569,16 @@ class _BlockEmitter:
     def _accumulator(self, node: Node, text: str) -> None:
         g, op = self.g, node.op
         v, x = node.outs[0], node.ins[0]
-        ct = _ctype(g.types[v], op)
+        ct = _compute_ctype(g.types[v], op)
         r = g.forloop_range
         xs = _shape(g.types[x].shape)
         if op is Op.ACC_RESCALE_SUM:
             ms = _shape(g.types[node.ins[1]].shape)
             decl = f"mj::AccRescaleSum<{ct}, {xs}, {ms}, {r}> a{v};"
-            self.frame_bytes += g.types[x].nbytes + 4 * g.types[node.ins[1]].nbytes
+            self.frame_bytes += _tile_bytes(g.types[x]) + 4 * _tile_bytes(g.types[node.ins[1]])
         else:
             decl = f"{TABLE[op].functor}<{ct}, {xs}, {node.attr('dim')}, {r}> a{v};"
-            self.frame_bytes += g.types[v].nbytes
+            self.frame_bytes += _tile_bytes(g.types[v])
         self.decls.append(decl)
         self.name[v] = f"a{v}.out"
         self.pre.append(f"a{v}.init();")
@@ -528,6 +586,9 @@ class _BlockEmitter:
             args = ", ".join(self.name[i] for i in node.ins)
             self.loop.append(f"a{v}.update({args});  // {text}")
         self.post.append(f"a{v}.finish();")
+        rounding = _round(g.types[v])
+        if rounding:
+            self.post.append(f"mj::map({rounding}, a{v}.out, a{v}.out);  // round")
 
 
 # Block ops (by op_group) whose runtime entry writes any dense row-major output (a Tile or a
