@@ -142,3 +142,50 @@ def test_vmap_plans_the_batched_region_as_one_call(name: str) -> None:
         xs, jnp.stack([args[1]] * 2), args[2]),
         jax.vmap(jax.vmap(fn, in_axes=(0, None, None)), in_axes=(None, 0, None))(
         xs, jnp.stack([args[1]] * 2), args[2]))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_training_step_under_optimize_plans_its_backward_regions(name: str) -> None:
+    """@optimize on a value_and_grad step traces the backward pass too: its regions are
+    planned like any region (here forced to custom calls) and explain names them."""
+    fn, shapes = CASES[name]
+    argnums = tuple(range(len(shapes)))
+    step = jax.value_and_grad(_loss(fn), argnums=argnums)
+    fast = _optimized(step, "as_is")
+    args = _inputs(shapes, seed=10)
+    plan = fast.plan(*args)
+    backward = [p for p in plan.regions if p.backward]
+    assert backward and all(p.impl is not None for p in backward), fast.explain(*args)
+    assert "(backward pass): mirage custom call" in fast.explain(*args)
+    fresh = _inputs(shapes, seed=11)
+    _close(fast(*fresh), jax.jit(step)(*fresh))
+
+
+def test_forward_only_regions_are_not_called_backward() -> None:
+    fn, shapes = CASES["gated_mlp"]
+    plan = _optimized(fn, "as_is").plan(*_inputs(shapes, seed=12))
+    assert plan.regions and not any(p.backward for p in plan.regions)
+
+
+def test_donated_arguments_and_mixed_precision_under_jit() -> None:
+    """jax.jit(..., donate_argnums) over an optimized function, with bf16 weights cast up to
+    f32 activations inside the region (one custom call), equals jax.jit of the function."""
+
+    def fn(x, w):
+        return x * jnp.tanh(x @ w.astype(jnp.float32))  # x's shape: its buffer is reusable
+
+    fast = _optimized(fn, "as_is")
+    x, w = _inputs([(4, 24), (24, 24)], seed=13)
+    w = w.astype(jnp.bfloat16)
+    assert [p.impl is not None for p in fast.plan(x, w).regions] == [True]
+    want = jax.jit(fn)(x, w)
+    got = jax.jit(fast, donate_argnums=0)(jnp.array(x), w)
+    _close(got, want)
+
+
+def test_grad_with_respect_to_an_integer_argument_is_jax_own_error() -> None:
+    fast = _optimized(lambda x, n: jnp.tanh(x) * n, "as_is")
+    x, n = _inputs([(3, 4)], seed=14)[0], jnp.int32(2)
+    with pytest.raises(TypeError, match="grad requires real- or complex-valued inputs"):
+        jax.grad(lambda x, n: jnp.sum(fast(x, n)), argnums=1)(x, n)
+    _close(jax.grad(lambda x: jnp.sum(fast(x, n)))(x), 2 * (1 - jnp.tanh(x) ** 2))

@@ -41,6 +41,7 @@ class Region:
     span: tuple[int, int]
     eqns: tuple[int, ...]
     sources: tuple[str, ...]
+    backward: bool = False  # of a derivative's transposed (reverse-mode) part
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.graph.input_types))
@@ -53,7 +54,8 @@ class Region:
         ins = ", ".join(_atom_text(a, t) for a, t in zip(self.inputs, self.graph.input_types))
         outs = ", ".join(map(str, self.graph.output_types))
         lines = [
-            f"region {self.index}: equations [{self.span[0]}, {self.span[1]})",
+            f"region {self.index}{' (backward pass)' if self.backward else ''}: "
+            f"equations [{self.span[0]}, {self.span[1]})",
             f"  inputs: {ins}",
             f"  outputs: {outs}",
         ]
@@ -168,9 +170,10 @@ class _Partitioner:
             return
         graph, inputs = built
         sources = tuple(dict.fromkeys(s for i in live if (s := self.sources[i]) is not None))
-        self.regions.append(
-            Region(len(self.regions), graph, inputs, tuple(outvars), (start, end), live, sources)
-        )
+        # jax names the equations that reverse-mode autodiff transposes "transpose(jvp(...))"
+        backward = any("transpose(" in str(self.eqns[i].source_info.name_stack) for i in live)
+        self.regions.append(Region(len(self.regions), graph, inputs, tuple(outvars),
+                                   (start, end), live, sources, backward))  # fmt: skip
 
     def _live_eqns(self, span: range, outvars: list[Var]) -> tuple[int, ...]:
         needed, live = set(outvars), []

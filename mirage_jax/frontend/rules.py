@@ -278,6 +278,7 @@ RULES: dict[str, Rule] = {
         "square": Op.SQUARE,
     }.items()},
     **{name: _binary(name) for name in ("add", "sub", "mul", "div", "max", "min", "pow")},
+    "add_any": _binary("add"),  # how reverse-mode autodiff sums cotangents
     "abs": _abs,
     "log": _log,
     "integer_pow": _integer_pow,

@@ -38,6 +38,7 @@ class RegionPlan:
 
     index: int
     target: KernelGraph
+    backward: bool = False  # the region is part of a reverse-mode derivative
     graph: KernelGraph | None = None
     impl: Callable[..., Any] | None = None
     reason: str = ""
@@ -55,7 +56,7 @@ class RegionPlan:
 
     def describe(self) -> str:
         where = "mirage custom call" if self.impl is not None else "XLA"
-        head = f"region {self.index}: {where}"
+        head = f"region {self.index}{' (backward pass)' if self.backward else ''}: {where}"
         if self.speedup is not None:
             head += f" ({self.speedup:.2f}x vs jax.jit: {self.mirage_s * 1e6:.0f} us vs "
             head += f"{self.xla_s * 1e6:.0f} us)"
@@ -111,7 +112,7 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend,
                 explored: cf.Future | None = None) -> RegionPlan:  # fmt: skip
     """The fate of ``region`` of ``program`` on ``backend`` under ``options`` (the api's
     ``OptimizeOptions``); ``explored``: its search, already run up to the timing stage."""
-    plan = RegionPlan(region.index, region.graph)
+    plan = RegionPlan(region.index, region.graph, region.backward)
     if options.strategy == "xla":
         plan.reason = "strategy 'xla' keeps every region with XLA"
         return plan
