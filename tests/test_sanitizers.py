@@ -1,6 +1,6 @@
 """Memory safety of the native code: generated kernels under AddressSanitizer and UBSan.
 
-A sample of generated kernels - every kernel-level operator (f32 and f64, odd sizes so SIMD
+A sample of generated kernels - every kernel-level operator (f32, f64, bf16, f16, odd sizes so SIMD
 bodies and scalar tails both run, broadcasting, batched matmuls, layout ops, casts), every
 for-loop accumulator over no dim and each tile dim (also in loops split across threads, and
 the online-softmax pair), and the fused graphs of ``tests/graphs.py`` (RMSNorm+linear, gated
@@ -24,12 +24,23 @@ import graphs as G
 import numpy as np
 import pytest
 from graphs import T
+from tolerance import rtol_for
 
 from mirage_jax.backend.cpu.build import runtime_include_dir
 from mirage_jax.backend.cpu.emit import emit_cpu, splits_loop
 from mirage_jax.backend.cpu.isa import host_isa, isa_flags
 from mirage_jax.interpret import evaluate
-from mirage_jax.ir import F32, F64, BlockBuilder, DType, KernelBuilder, KernelGraph, Op
+from mirage_jax.ir import (
+    BF16,
+    F16,
+    F32,
+    F64,
+    BlockBuilder,
+    DType,
+    KernelBuilder,
+    KernelGraph,
+    Op,
+)
 from mirage_jax.ir.ops import BINARY, REDUCTIONS, UNARY
 
 pytestmark = pytest.mark.sanitize
@@ -95,6 +106,7 @@ def every_accumulator(grid: int, loop: int) -> KernelGraph:
 def sample() -> dict[str, KernelGraph]:
     graphs = {
         "ops_f32": every_operator(F32), "ops_f64": every_operator(F64),
+        "ops_bf16": every_operator(BF16), "ops_f16": every_operator(F16),
         "accumulators": every_accumulator(2, 4), "accumulators_split": every_accumulator(1, 5),
         "rmsnorm_linear": G.rmsnorm_linear_fused(8, 256, 96, grid=(2, 2), loop=4),
         "rmsnorm_linear_split": G.rmsnorm_linear_fused(2, 256, 96, grid=(1, 1), loop=8),
@@ -231,14 +243,19 @@ def test_generated_kernels_run_clean_under_asan_and_ubsan(tmp_path: Path) -> Non
     assert proc.stdout.strip() == "done 0", proc.stdout
 
     for name, g in graphs.items():
-        want = evaluate(g, inputs[name], precision="float64")
+        half = any(t.dtype in (BF16, F16) for t in g.input_types)
+        # half-precision graphs: the reference in their own dtypes (rounded where the kernels
+        # round, overflowing f16 where they overflow it), at the dtype's tolerance
+        want = evaluate(g, inputs[name], precision=None if half else "float64")
         for k, (t, w) in enumerate(zip(g.output_types, want)):
+            w = w.astype(np.float64)
+            rtol = max(1e-4, rtol_for(t.dtype.numpy))
             got = np.frombuffer((tmp_path / name / f"out{k}").read_bytes(), t.dtype.numpy)
             got = got.reshape(t.shape).astype(np.float64)
             finite = np.isfinite(w)
             assert (np.isnan(got) == np.isnan(w)).all(), f"{name} output {k}: NaNs differ"
             scale = max(1.0, float(np.max(np.abs(w[finite]), initial=0.0)))
-            np.testing.assert_allclose(got[finite], w[finite], rtol=1e-4, atol=1e-4 * scale,
+            np.testing.assert_allclose(got[finite], w[finite], rtol=rtol, atol=rtol * scale,
                                        err_msg=f"{name} output {k}")  # fmt: skip
 
 

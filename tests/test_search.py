@@ -357,6 +357,32 @@ def test_float_check_rejects_an_unshifted_softmax_the_field_accepts():
     assert not verdict.ok and (math.isnan(verdict.max_error) or verdict.max_error > verdict.tolerance)
 
 
+def test_float_check_rejects_a_rewrite_that_cancels_where_the_target_does_not():
+    """x0 - x1 computed as ((x2 - x1) - (x1 + (x2 - x1))) + ((x1 + x0 + x2 - x1) - x2) + x1:
+    equal over the reals and in the field, and on normal inputs to float32 rounding, but with
+    magnitudes spread over decades it is 0 where x0 - x1 is negative and small beside x2, so
+    its sqrt is 0 where jax.jit gives NaN (found by the fuzzer, seed 21379)."""
+    T = lambda *s: TensorType(s, F32)
+
+    def graph(cancel: bool) -> KernelGraph:
+        kb = KernelBuilder()
+        x0, x1, x2 = kb.input(T(4, 33)), kb.input(T(4, 33)), kb.input(T(4, 33))
+        diff = kb.apply(Op.SUB, x0, x1)
+        if cancel:
+            d21 = kb.apply(Op.SUB, x2, x1)
+            minus_x1 = kb.apply(Op.SUB, d21, kb.apply(Op.ADD, x1, d21))
+            x0_back = kb.apply(Op.SUB, kb.apply(Op.ADD, x0, x2), x2)
+            diff = kb.apply(Op.ADD, minus_x1, x0_back)
+        kb.output(kb.apply(Op.POW_SCALAR, diff, exponent=0.5))
+        return kb.build()
+
+    target, unstable = graph(False), graph(True)
+    assert ff_check(target, unstable, FFSpec()).ok
+    assert float_check(target, target).ok
+    verdict = float_check(target, unstable)
+    assert not verdict.ok, verdict
+
+
 # ---------------------------------------------------------------------------------------------
 # determinism, the report, timing and the baseline
 

@@ -33,6 +33,19 @@ def sample_inputs(types: Sequence[TensorType], seed: int = 0, std: float = 1.0
     return out
 
 
+def spread_inputs(types: Sequence[TensorType], seed: int = 0) -> list[np.ndarray]:
+    """Inputs whose magnitudes spread over decades (10^-6 to 10^6 for f32 / f64, 10^-2 to 10^2
+    for the half types: the fuzzer's "mixed" range) with random signs: where rounding orders
+    matter, e.g. a sum that cancels differently in an algebraically equal graph."""
+    rng = np.random.default_rng([seed, 0x5B12EAD])
+    out = []
+    for t in types:
+        decades = 2.0 if t.dtype.itemsize < 4 else 6.0
+        mag = 10.0 ** rng.uniform(-decades, decades, t.shape)
+        out.append((rng.choice([-1.0, 1.0], t.shape) * mag).astype(t.dtype.numpy))
+    return out
+
+
 def tolerance(dtype_name: str) -> float:
     """The relative tolerance of an output of this dtype (``"f32"``, ``"bf16"``, ...)."""
     return FLOAT_TOLERANCE.get(dtype_name, _DEFAULT_TOLERANCE)
@@ -67,6 +80,32 @@ def output_error(got: Any, want: Any, dtype_name: str) -> tuple[float, float, fl
         scale.flat[worst])
 
 
+def as_accurate_error(got: Any, own: Any, truth: Any, dtype_name: str) -> tuple[float, float]:
+    """(error, allowed) of ``got`` where the graph it replaces computed ``own`` in its own
+    dtypes and ``truth`` is that graph in float64: special values as ``own`` has them, and
+    finite elements within ``tolerance(dtype) * (|truth_i| + typical)`` plus 4x ``own``'s own
+    largest error. A candidate may round differently, not worse: a rewrite that cancels where
+    the original does not (x + y - y for x) fails here though it is equal over the reals."""
+    g, o, t = (np.asarray(a, np.float64) for a in (got, own, truth))
+    if g.shape != o.shape:
+        return float("inf"), 0.0
+    special = ~np.isfinite(o)
+    if ((np.isnan(g) != np.isnan(o)) | (special & ~np.isnan(o) & (g != o))).any():
+        return float("inf"), 0.0
+    finite = ~special & np.isfinite(t)
+    if not finite.any():
+        return 0.0, 0.0
+    if not np.isfinite(g[finite]).all():
+        return float("inf"), 0.0
+    mag = np.abs(t[finite])
+    typical = float(np.median(mag[mag > 0])) if (mag > 0).any() else 1.0
+    own_err = float(np.max(np.abs(o[finite] - t[finite])))
+    excess = np.abs(g[finite] - t[finite]) - tolerance(dtype_name) * (mag + typical)
+    worst = int(np.argmax(excess))
+    return float(np.abs(g[finite] - t[finite])[worst]), float(
+        tolerance(dtype_name) * (mag[worst] + typical) + 4 * own_err)
+
+
 def dtype_name(x: Any) -> str:
     """The IR's short name (``"f32"``) of an array's dtype; ``"f32"`` for unknown ones."""
     return {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}.get(
@@ -74,4 +113,5 @@ def dtype_name(x: Any) -> str:
     )
 
 
-__all__ = ["FLOAT_TOLERANCE", "dtype_name", "output_error", "sample_inputs", "tolerance"]
+__all__ = ["FLOAT_TOLERANCE", "dtype_name", "output_error", "sample_inputs", "spread_inputs",
+           "tolerance"]  # fmt: skip

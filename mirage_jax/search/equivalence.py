@@ -30,7 +30,11 @@ pre-defined kernels (a reshape, a normalisation) evaluate it once per trial and 
 shifted one does not; a gain-like operand of shape [1, n] or [n] is drawn near 1) in their own
 dtypes against the target evaluated in float64. Accepted when the largest error is within
 ``FLOAT_TOLERANCE[dtype]`` times the output's scale (its largest magnitude): the field cannot
-see overflow or cancellation.
+see overflow or cancellation. Then once more on inputs whose magnitudes spread over decades
+with random signs (``spread_inputs``), against the target evaluated both in float64 and in
+its own dtypes: the candidate must be about as accurate as the target itself
+(``as_accurate_error``), so a rewrite that is equal over the reals but cancels where the
+target does not (x0 - x1 computed as (x2 + x0) - x2 - x1, found by the fuzzer) is rejected.
 """
 
 from __future__ import annotations
@@ -46,7 +50,13 @@ import numpy as np
 
 from mirage_jax.interpret import Field, evaluate, ff_evaluate_values
 from mirage_jax.interpret.finite_field import fingerprint_inputs, hash_outputs
-from mirage_jax.interpret.numerics import FLOAT_TOLERANCE, output_error, sample_inputs
+from mirage_jax.interpret.numerics import (
+    FLOAT_TOLERANCE,
+    as_accurate_error,
+    output_error,
+    sample_inputs,
+    spread_inputs,
+)
 from mirage_jax.ir.graph import Graph, KernelGraph, Node, ThreadGraph
 from mirage_jax.ir.ops import Op
 from mirage_jax.ir.types import TensorType
@@ -357,8 +367,23 @@ def float_reference(target: KernelGraph, seed: int) -> list[np.ndarray]:
     return _REFS[key]
 
 
+_SPREAD: dict[Any, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+
+
+def spread_reference(target: KernelGraph, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The target on ``spread_inputs``: in its own dtypes and in float64."""
+    key = (target.fingerprint(), seed)
+    if key not in _SPREAD:
+        _SPREAD.clear()
+        inputs = spread_inputs(target.input_types, seed)
+        _SPREAD[key] = (evaluate(target, inputs),
+                        evaluate(target, inputs, precision="float64"))  # fmt: skip
+    return _SPREAD[key]
+
+
 def float_check(target: KernelGraph, candidate: KernelGraph, seed: int = 0) -> FloatVerdict:
-    """The candidate in its own dtypes against the float64 target (module docstring)."""
+    """The candidate in its own dtypes against the float64 target, then as accurate as the
+    target on inputs of spread magnitudes (module docstring)."""
     start = time.perf_counter()
     ref = float_reference(target, seed)
     got = evaluate(candidate, sample_inputs(candidate.input_types, seed, FLOAT_INPUT_STD))
@@ -369,6 +394,14 @@ def float_check(target: KernelGraph, candidate: KernelGraph, seed: int = 0) -> F
         if not ok or err / tol >= worst[0] / worst[1]:
             worst = (err, tol, scale)
         worst_ok &= ok
+    if worst_ok:
+        own, truth = spread_reference(target, seed)
+        got = evaluate(candidate, spread_inputs(candidate.input_types, seed))
+        for g, o, r, t in zip(got, own, truth, candidate.output_types):
+            err, allowed = as_accurate_error(g, o, r, t.dtype.value)
+            if not err <= allowed:
+                worst_ok, worst = False, (err, allowed, 1.0)
+                break
     return FloatVerdict(worst_ok, worst[0], worst[1], worst[2], time.perf_counter() - start)
 
 
