@@ -143,8 +143,10 @@ class FloatSystem(NumberSystem):
         x = _up(x)
         if float(e).is_integer():
             return np.power(x, e)
-        # numpy gives NaN for (-inf) ** 0.5; C's pow and XLA give pow(+inf, e)
-        return np.where(x == -np.inf, np.power(np.inf, e), np.power(x, e)).astype(x.dtype)
+        # numpy gives NaN for (-inf) ** 0.5 and -0 for (-0) ** 0.5; C's pow and XLA give
+        # pow(+inf, e) and pow(+0, e) (+0, or +inf for e < 0)
+        x = np.where(x == -np.inf, np.inf, np.where(x == 0, 0.0, x)).astype(x.dtype)
+        return np.power(x, e)
 
     def reduce_sum(self, x, axis):
         return np.sum(_up(x), axis=axis, keepdims=True)
