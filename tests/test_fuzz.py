@@ -160,6 +160,16 @@ def program(x0, x1):
     return v2
 """, shapes=((13, 16), (16, 16)), dtype="bf16", values="special", seed=30920,
             strategy="as_is"),
+    # log(x ** 0.5) was rewritten to 0.5 log|x| as XLA rewrites it, but XLA:CPU does not for
+    # bfloat16 (its f32 converts around bf16 ops hide the pattern): NaN there for x < 0, where
+    # the kernel gave a number (seed 41478). Fixed in frontend/rules.py (_log).
+    Program("""\
+def program(x0, x1):
+    v0 = x0 ** 0.5
+    v3 = jnp.log(v0)
+    return x0, v3
+""", shapes=((3, 17, 3), (3, 3, 3)), dtype="bf16", values="normal", seed=41478,
+            strategy="as_is"),
 ]
 
 
