@@ -156,7 +156,7 @@ def test_a_training_step_under_optimize_plans_its_backward_regions(name: str) ->
     plan = fast.plan(*args)
     backward = [p for p in plan.regions if p.backward]
     assert backward and all(p.impl is not None for p in backward), fast.explain(*args)
-    assert "(backward pass): mirage custom call" in fast.explain(*args)
+    assert "backward pass): mirage custom call" in fast.explain(*args)
     fresh = _inputs(shapes, seed=11)
     _close(fast(*fresh), jax.jit(step)(*fresh))
 
@@ -165,6 +165,18 @@ def test_forward_only_regions_are_not_called_backward() -> None:
     fn, shapes = CASES["gated_mlp"]
     plan = _optimized(fn, "as_is").plan(*_inputs(shapes, seed=12))
     assert plan.regions and not any(p.backward for p in plan.regions)
+    assert "pass)" not in plan.report()
+
+
+def test_a_step_whose_cut_parts_the_passes_names_each() -> None:
+    """The cumsum cuts two_regions' step: regions of the forward alone, of the backward alone,
+    and ones holding both are each named so."""
+    fn, shapes = CASES["two_regions"]
+    step = jax.value_and_grad(_loss(fn), argnums=(0, 1))
+    report = _optimized(step, "xla").explain(*_inputs(shapes, seed=15))
+    assert "(backward pass)" in report, report
+    assert any(line.startswith("region") and "pass)" not in line
+               for line in report.splitlines()), report  # fmt: skip
 
 
 def test_donated_arguments_and_mixed_precision_under_jit() -> None:

@@ -41,7 +41,13 @@ class Region:
     span: tuple[int, int]
     eqns: tuple[int, ...]
     sources: tuple[str, ...]
-    backward: bool = False  # of a derivative's transposed (reverse-mode) part
+    backward: bool = False  # holds equations of a derivative's transposed (reverse-mode) part
+    forward: bool = True  # holds equations of anything else
+
+    @property
+    def pass_label(self) -> str:
+        """' (backward pass)', ' (forward and backward pass)' or '' (forward only)."""
+        return pass_label(self.forward, self.backward)
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.graph.input_types))
@@ -54,14 +60,20 @@ class Region:
         ins = ", ".join(_atom_text(a, t) for a, t in zip(self.inputs, self.graph.input_types))
         outs = ", ".join(map(str, self.graph.output_types))
         lines = [
-            f"region {self.index}{' (backward pass)' if self.backward else ''}: "
-            f"equations [{self.span[0]}, {self.span[1]})",
+            f"region {self.index}{self.pass_label}: equations [{self.span[0]}, {self.span[1]})",
             f"  inputs: {ins}",
             f"  outputs: {outs}",
         ]
         lines += [f"  from {s}" for s in self.sources]
         lines += ["  " + line for line in str(self.graph).splitlines()]
         return "\n".join(lines)
+
+
+def pass_label(forward: bool, backward: bool) -> str:
+    """How explain names the passes a region's equations come from."""
+    if not backward:
+        return ""
+    return " (forward and backward pass)" if forward else " (backward pass)"
 
 
 @dataclass(frozen=True)
@@ -171,9 +183,10 @@ class _Partitioner:
         graph, inputs = built
         sources = tuple(dict.fromkeys(s for i in live if (s := self.sources[i]) is not None))
         # jax names the equations that reverse-mode autodiff transposes "transpose(jvp(...))"
-        backward = any("transpose(" in str(self.eqns[i].source_info.name_stack) for i in live)
+        transposed = ["transpose(" in str(self.eqns[i].source_info.name_stack) for i in live]
         self.regions.append(Region(len(self.regions), graph, inputs, tuple(outvars),
-                                   (start, end), live, sources, backward))  # fmt: skip
+                                   (start, end), live, sources, any(transposed),
+                                   not all(transposed)))  # fmt: skip
 
     def _live_eqns(self, span: range, outvars: list[Var]) -> tuple[int, ...]:
         needed, live = set(outvars), []

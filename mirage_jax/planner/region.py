@@ -20,6 +20,7 @@ import numpy as np
 
 from mirage_jax.backend import Backend
 from mirage_jax.errors import MirageError
+from mirage_jax.frontend.partition import pass_label
 from mirage_jax.interpret.numerics import dtype_name, output_error, sample_inputs
 from mirage_jax.ir import KernelGraph, Op
 from mirage_jax.planner import library
@@ -38,8 +39,8 @@ class RegionPlan:
 
     index: int
     target: KernelGraph
-    backward: bool = False  # the region is part of a reverse-mode derivative
-    graph: KernelGraph | None = None
+    backward: bool = False  # the region holds a reverse-mode derivative's equations
+    forward: bool = True  # and other equations    graph: KernelGraph | None = None
     impl: Callable[..., Any] | None = None
     reason: str = ""
     mirage_s: float | None = None
@@ -56,7 +57,7 @@ class RegionPlan:
 
     def describe(self) -> str:
         where = "mirage custom call" if self.impl is not None else "XLA"
-        head = f"region {self.index}{' (backward pass)' if self.backward else ''}: {where}"
+        head = f"region {self.index}{pass_label(self.forward, self.backward)}: {where}"
         if self.speedup is not None:
             head += f" ({self.speedup:.2f}x vs jax.jit: {self.mirage_s * 1e6:.0f} us vs "
             head += f"{self.xla_s * 1e6:.0f} us)"
@@ -112,7 +113,7 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend,
                 explored: cf.Future | None = None) -> RegionPlan:  # fmt: skip
     """The fate of ``region`` of ``program`` on ``backend`` under ``options`` (the api's
     ``OptimizeOptions``); ``explored``: its search, already run up to the timing stage."""
-    plan = RegionPlan(region.index, region.graph, region.backward)
+    plan = RegionPlan(region.index, region.graph, region.backward, region.forward)
     if options.strategy == "xla":
         plan.reason = "strategy 'xla' keeps every region with XLA"
         return plan
