@@ -18,7 +18,9 @@ programs met), the cold planning time (trace, search, compile, verify, time; emp
 the search's and the C++ compiler's share of it, the planning time from the on-disk cache
 (which searches and compiles nothing), the time of a no-op jitted call on the same arguments
 (the fixed cost of any call from Python, which bounds the smallest cases), and the share of
-CPU time the hypervisor stole while the case was timed (a noisy-neighbour flag). For every
+CPU time the hypervisor stole while the case was timed (a noisy-neighbour flag), and the
+A/A ratio: jax.jit timed against a second jax.jit of the same program by the same harness,
+the noise floor of that row's speedup (1.00 for a harness without bias). For every
 memory-bound case over its floor target the summary also gives its ratio to memory time +
 compute time + that call: the floor of a host whose cores do not overlap reads from memory
 with FMAs (the probe's stream_overlap near 0, as on an Ice Lake Xeon).
@@ -185,6 +187,9 @@ def bench_case(program: programs.Program, bs: int, args_ns: argparse.Namespace,
     ticks = cpu_ticks()
     t_mj, t_xla, probe_s = timed_with_probes(fast, xla, args, ceilings, args_ns.rounds)
     steal = steal_share(ticks, cpu_ticks())
+    # the harness's own noise floor: jax.jit against a second jax.jit of the same program
+    again = jax.jit(lambda *a: program.fn(*a))
+    t_again, t_first = compare(again, xla, args, rounds=args_ns.rounds, budget_s=0.5)
     after = ceilings.measure()
     bw, rate = max(before[0], after[0]), max(before[1], after[1])
     memory_s, compute_s = nbytes / bw, flops / rate
@@ -209,7 +214,7 @@ def bench_case(program: programs.Program, bs: int, args_ns: argparse.Namespace,
         "plan_cold_s": cold, "plan_cached_s": warm,
         "search_s": search_s, "searches_from_cache": searched_again,
         "compile_s": built.compile_s, "compiles": built.compiles, "max_rel_err": err,
-        "steal": steal,
+        "steal": steal, "aa": t_first / t_again,
         "regions": [p.describe() for p in plan.regions],
     }  # fmt: skip
 
@@ -222,7 +227,7 @@ def print_table(rows: list[dict]) -> None:
             f"{'floor':>10} {'bound':>7} {'GB/s':>5} {'disp':>6} {'xla/fl':>7} {'mj/fl':>7} "
             f"{'mj/fl~':>7} {'cold':>7} "
             f"{'search':>7} "
-            f"{'compile':>8} {'cached':>7} {'steal':>6}")  # fmt: skip
+            f"{'compile':>8} {'cached':>7} {'steal':>6} {'A/A':>5}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -235,8 +240,11 @@ def print_table(rows: list[dict]) -> None:
               f"{r['mirage_of_floor']:>7.2f} {r['mirage_of_floor_during']:>7.2f} "
               f"{r['plan_cold_s']:>6.1f}s {r['search_s']:>6.1f}s {r['compile_s']:>7.1f}s "
               f"{r['plan_cached_s']:>6.2f}s "
-              f"{_percent(r.get('steal')):>6}")
+              f"{_percent(r.get('steal')):>6} {r['aa']:>5.3f}")
     print()
+    aa = [r["aa"] for r in rows]
+    print(f"A/A (jax.jit against itself, the noise floor of these speedups): "
+          f"{min(aa):.3f} to {max(aa):.3f}, median {statistics.median(aa):.3f}")
     for dtype in dict.fromkeys(r.get("dtype", "float32") for r in rows):
         speedups = [r["speedup"] for r in rows if r.get("dtype", "float32") == dtype]
         geo = math.exp(statistics.mean(math.log(s) for s in speedups))

@@ -7,6 +7,7 @@ are what we compare.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -57,35 +58,55 @@ def compare(
     *,
     rounds: int = 3,
     budget_s: float = 0.3,
+    seed: int = 0,
 ) -> tuple[float, float]:
-    """Median times of candidate and baseline, measured in alternating blocks of calls so
-    that drift of the machine (frequency, other tenants) hits both alike; ``rounds *
-    budget_s`` seconds of timing for both together, at least 8 calls each (who goes first
-    alternates too).
+    """Times of candidate and baseline in seconds, as (baseline's median x the median of the
+    paired ratios, baseline's median); ``rounds * budget_s`` seconds of timing for both
+    together, at least ``MIN_PAIRS`` pairs.
+
+    A pair is one block of calls of each, in an order drawn at random per pair: drift of the
+    machine (frequency, other tenants) hits both halves of a pair alike, a fixed order would
+    charge a warm-cache or switch effect to one side, and the median of many pair ratios
+    shrugs off the spells of noise that shift whole medians on a shared 2-core host (an A/A
+    comparison of one program against itself read up to 1.13 with pooled medians).
 
     Blocks, not single calls: the first calls of one executable right after another's pay a
     switch cost (measured 40-110 us on the first and less on the second, on a 2-core host),
     which single-call alternation charges to every sample of a sub-millisecond program. A
-    block of up to 16 calls, about 20 ms of work, keeps that cost out of the median while
-    still alternating many times a second.
+    block of 3 to 16 calls keeps that cost out of the block's median.
     """
     args = device_args(args)
     for _ in range(2):
         jax.block_until_ready(candidate(*args))
         jax.block_until_ready(baseline(*args))
     block = _block_size(candidate, baseline, args)
-    cand: list[float] = []
+    rng = random.Random(seed)
+    ratios: list[float] = []
     base: list[float] = []
     deadline = time.perf_counter() + rounds * budget_s
-    pair = [(candidate, cand), (baseline, base)]
-    while len(cand) < 2000 and (len(cand) < 8 or time.perf_counter() < deadline):
-        for fn, out in pair:
-            for _ in range(block):
-                start = time.perf_counter()
-                jax.block_until_ready(fn(*args))
-                out.append(time.perf_counter() - start)
-        pair.reverse()
-    return statistics.median(cand), statistics.median(base)
+    while len(ratios) < MAX_PAIRS and (len(ratios) < MIN_PAIRS or time.perf_counter() < deadline):
+        first_is_candidate = rng.random() < 0.5
+        order = (candidate, baseline) if first_is_candidate else (baseline, candidate)
+        a, b = (_block(fn, args, block) for fn in order)
+        cand, bas = (a, b) if first_is_candidate else (b, a)
+        ratios.append(cand / bas)
+        base.append(bas)
+    t_base = statistics.median(base)
+    return statistics.median(ratios) * t_base, t_base
+
+
+MIN_PAIRS = 12
+MAX_PAIRS = 2000
+
+
+def _block(fn: Callable[..., Any], args: Sequence[Any], calls: int) -> float:
+    """Median seconds of ``calls`` consecutive calls of ``fn``."""
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _block_size(candidate: Callable[..., Any], baseline: Callable[..., Any],
@@ -94,4 +115,6 @@ def _block_size(candidate: Callable[..., Any], baseline: Callable[..., Any],
     jax.block_until_ready(candidate(*args))
     jax.block_until_ready(baseline(*args))
     per_call = (time.perf_counter() - start) / 2
-    return max(1, min(16, int(0.02 / max(per_call, 1e-9))))
+    # about 6 ms a block: short enough for many pairs in the budget, at least 3 calls so that
+    # a block's median leaves out its first call's switch cost
+    return max(3, min(16, int(0.006 / max(per_call, 1e-9))))

@@ -40,7 +40,8 @@ class RegionPlan:
     index: int
     target: KernelGraph
     backward: bool = False  # the region holds a reverse-mode derivative's equations
-    forward: bool = True  # and other equations    graph: KernelGraph | None = None
+    forward: bool = True  # and other equations
+    graph: KernelGraph | None = None
     impl: Callable[..., Any] | None = None
     reason: str = ""
     mirage_s: float | None = None

@@ -1,0 +1,49 @@
+"""The timing harness (``mirage_jax.timing.compare``): unbiased between equal programs, and
+right about unequal ones, on fake programs whose cost we set (busy waits, no jax work)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mirage_jax.timing import compare
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class _Program:
+    """Costs ``seconds`` a call, plus ``switch_s`` on the first call after another program ran
+    (as a freshly switched-to executable pays for cold caches)."""
+
+    last: object = None
+
+    def __init__(self, seconds: float, switch_s: float = 0.0) -> None:
+        self.seconds, self.switch_s = seconds, switch_s
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if _Program.last is not self:
+            _busy(self.switch_s)
+            _Program.last = self
+        _busy(self.seconds)
+        return x
+
+
+def test_equal_programs_compare_as_equal_despite_a_switch_cost():
+    x = np.zeros(4, np.float32)
+    a, b = _Program(2e-4, switch_s=6e-4), _Program(2e-4, switch_s=6e-4)
+    t_a, t_b = compare(a, b, (x,), rounds=2, budget_s=0.2)
+    # a switch cost three times the call itself: charged to every sample by single-call
+    # alternation (ratio still 1, but times 4x too long), here left out of each block's median
+    assert 0.9 < t_a / t_b < 1.1
+    assert t_b < 4e-4
+
+
+def test_a_program_twice_as_slow_measures_twice_as_slow():
+    x = np.zeros(4, np.float32)
+    t_slow, t_fast = compare(_Program(4e-4), _Program(2e-4), (x,), rounds=2, budget_s=0.2)
+    assert 1.8 < t_slow / t_fast < 2.2
