@@ -89,6 +89,32 @@ def test_unsupported_op_cuts_and_the_rest_runs_as_custom_calls():
     assert "cut: " in report and "sort" in report and "test_api.py" in report
 
 
+def test_repeated_layers_are_planned_once_and_explain_says_same_as(monkeypatch):
+    def layer(x, g, w):
+        return programs.rmsnorm(x) * g @ w
+
+    def model(x, g1, w1, g2, w2, g3, w3):
+        # sorts cut the layers apart, as unsupported ops between a model's layers do
+        x = jnp.sort(layer(x, g1, w1), axis=-1)
+        x = jnp.sort(layer(x, g2, w2), axis=-1)
+        return layer(x, g3, w3[:, :8])  # another shape: a region of its own
+
+    compiled = []
+    compile_once = CpuBackend.compile
+    monkeypatch.setattr(CpuBackend, "compile",
+                        lambda self, g: compiled.append(g) or compile_once(self, g))
+    args = [_randn(4, 16, seed=0)] + [_randn(*s, seed=i) for i, s in
+                                      enumerate([(16,), (16, 16)] * 3, start=1)]  # fmt: skip
+    fast = mj.optimize(model, strategy="as_is", require_speedup=False, cache=False)
+    _close(fast(*args), jax.jit(model)(*args), rtol=sum_rtol(16))
+    report = fast.explain(*args).splitlines()
+    assert report[0].startswith("3 region(s)")
+    assert report[1].startswith("region 0: mirage custom call")
+    assert report[2] == "region 1: mirage custom call - same as region 0"
+    assert report[3].startswith("region 2: mirage custom call") and "same as" not in report[3]
+    assert len(compiled) == 2
+
+
 def test_pytrees_static_args_and_no_retrace():
     traces = []
 

@@ -49,6 +49,7 @@ class RegionPlan:
     search_report: Any = None
     key: str = ""
     source: str = "search"  # where the decision came from: search, cache or library
+    same_as: int | None = None  # an identical region planned before this one
 
     @property
     def speedup(self) -> float | None:
@@ -59,6 +60,8 @@ class RegionPlan:
     def describe(self) -> str:
         where = "mirage custom call" if self.impl is not None else "XLA"
         head = f"region {self.index}{pass_label(self.forward, self.backward)}: {where}"
+        if self.same_as is not None:
+            return f"{head} - same as region {self.same_as}"
         if self.speedup is not None:
             head += f" ({self.speedup:.2f}x vs jax.jit: {self.mirage_s * 1e6:.0f} us vs "
             head += f"{self.xla_s * 1e6:.0f} us)"
@@ -79,19 +82,51 @@ CLOSE_CALL = 1.15
 
 
 def plan_regions(program: Any, options: Any, backend: Backend) -> tuple[RegionPlan, ...]:
-    """The fate of every region of ``program``. With an executor in ``options`` (e.g. a Dask
-    cluster) the searches of all regions that need one run at once, each spreading its tasks
-    over the executor; then, once the cluster is quiet, each region's candidates are timed,
-    compiled and checked against XLA one after another in this process."""
+    """The fate of every region of ``program``. Regions with the same decision key (same
+    canonical text, shapes and dtypes, as the repeated layers of a model give) are planned
+    once: the others take the first one's kernel and say "same as region N". With an executor
+    in ``options`` (e.g. a Dask cluster) the searches of all distinct regions that need one
+    run at once, each spreading its tasks over the executor; then, once the cluster is quiet,
+    each region's candidates are timed, compiled and checked against XLA one after another in
+    this process."""
+    keys = {r.index: _region_key(r, options, backend) for r in program.regions}
+    distinct = {key: index for index, key in reversed(keys.items()) if key is not None}
     found: dict[int, cf.Future] = {}
     if options.executor is not None and options.strategy == "search":
-        found = _explore_all(program, options, backend)
-    return tuple(plan_region(program, region, options, backend, found.get(region.index))
-                 for region in program.regions)  # fmt: skip
+        found = _explore_all([r for r in program.regions if r.index in distinct.values()],
+                             options, backend)
+    first: dict[str, RegionPlan] = {}
+    plans = []
+    for region in program.regions:
+        key = keys[region.index]
+        if key in first:
+            plans.append(_same_as(region, first[key]))
+            continue
+        plan = plan_region(program, region, options, backend, found.get(region.index))
+        if key is not None:
+            first[key] = plan
+        plans.append(plan)
+    return tuple(plans)
 
 
-def _explore_all(program: Any, options: Any, backend: Backend) -> dict[int, cf.Future]:
-    todo = [r for r in program.regions if _needs_search(r, options, backend)]
+def _region_key(region: Any, options: Any, backend: Backend) -> str | None:
+    """The decision key of a region that gets planned (None for one that stays with XLA
+    without a plan)."""
+    if options.strategy == "xla" or not _has_compute(region.graph):
+        return None
+    return decision_key(region.graph, **_decision_context(options, backend))
+
+
+def _same_as(region: Any, first: RegionPlan) -> RegionPlan:
+    """``region``'s plan taken from the identical region ``first`` planned before it."""
+    return RegionPlan(region.index, region.graph, region.backward, region.forward,
+                      graph=first.graph, impl=first.impl, reason=first.reason,
+                      mirage_s=first.mirage_s, xla_s=first.xla_s, key=first.key,
+                      source=first.source, same_as=first.index)  # fmt: skip
+
+
+def _explore_all(regions: list[Any], options: Any, backend: Backend) -> dict[int, cf.Future]:
+    todo = [r for r in regions if _needs_search(r, options, backend)]
     if not todo:
         return {}
     executor = as_executor(options.executor)
