@@ -388,6 +388,31 @@ def test_dead_equations_are_dropped() -> None:
     assert Op.EXP not in _ops(traced.regions[0])
 
 
+def test_exact_scalar_constants_fold_and_a_constant_select_picks_its_operand() -> None:
+    # jnp.var guards its divisor with where(n - ddof > 0, ., nan), over a ddof passed into an
+    # inner jit: before folding, sub / gt / select_n of constants cut a layer norm in three
+    def layer_norm(x):
+        return (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(jnp.var(x, -1, keepdims=True))
+
+    traced = check(layer_norm, _randn(4, 8))
+    assert traced.cuts == () and len(traced.regions) == 1
+    names = [e.primitive.name for e in traced.eqns]
+    assert "select_n" not in names and "gt" not in names
+
+    def one_sample(x):  # n - ddof = 0: the constant select picks nan, as jax.jit gives
+        return jnp.var(x, -1, ddof=1, keepdims=True) + x
+
+    traced = trace(one_sample, _randn(4, 1))
+    got = traced.run(_randn(4, 1, seed=2), region_impls=_interpreted(traced))
+    assert np.isnan(got).all() and np.isnan(jax.jit(one_sample)(_randn(4, 1, seed=2))).all()
+
+
+def test_transcendentals_of_constants_are_not_folded() -> None:
+    # exp of a constant is left to XLA: its value depends on the implementation
+    traced = trace(lambda x: x * jnp.exp(jnp.float32(0.3)), _randn(4))
+    assert "exp" in [e.primitive.name for e in traced.eqns]
+
+
 # ------------------------------------------------------------------------- cuts and sources
 
 

@@ -6,8 +6,10 @@ sequence. Custom derivative rules are dropped with them: the flat program has th
 (forward) semantics only, which is all the partitioner and ``TracedProgram.run`` need.
 
 Every use of a literal gets its own ``Literal`` object, so a region can turn one particular
-use into a region input without touching the others; scalar literal conversions
-(``convert_element_type`` of a literal, as ``jnp.clip`` emits for its bounds) are folded.
+use into a region input without touching the others. Exact operations on scalar literals are
+folded (``convert_element_type`` of a literal, as ``jnp.clip`` emits for its bounds; the
+``n - ddof > 0`` guard of ``jnp.var``), and a ``select_n`` with a literal predicate becomes the
+operand it selects.
 Each equation keeps its source info; inlined equations whose traceback holds no user frame
 inherit the user line of the call that contained them.
 """
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
 
@@ -50,10 +53,24 @@ def flatten(closed: ClosedJaxpr) -> FlatJaxpr:
     flat = _Flattener()
     invars = [Var(v.aval) for v in closed.jaxpr.invars]
     outs = flat.inline(closed.jaxpr, closed.consts, invars, None)
-    jaxpr = Jaxpr(
-        flat.constvars, invars, outs, flat.eqns, closed.jaxpr.effects, closed.jaxpr.debug_info
-    )
-    return FlatJaxpr(ClosedJaxpr(jaxpr, flat.consts), tuple(flat.sources))
+    eqns, sources = _live(flat.eqns, flat.sources, outs)
+    jaxpr = Jaxpr(flat.constvars, invars, outs, eqns, closed.jaxpr.effects,
+                  closed.jaxpr.debug_info)  # fmt: skip
+    return FlatJaxpr(ClosedJaxpr(jaxpr, flat.consts), tuple(sources))
+
+
+def _live(eqns: list[JaxprEqn], sources: list[str | None], outs: Sequence[Any]
+          ) -> tuple[list[JaxprEqn], list[str | None]]:  # fmt: skip
+    """The equations whose results are used (or that have effects), with their sources: a
+    fold leaves the operand it did not select behind, which no region should compute."""
+    used = {v for v in outs if isinstance(v, Var)}
+    kept: list[tuple[JaxprEqn, str | None]] = []
+    for eqn, source in zip(reversed(eqns), reversed(sources)):
+        if eqn.effects or any(o in used for o in eqn.outvars if not isinstance(o, DropVar)):
+            used.update(v for v in eqn.invars if isinstance(v, Var))
+            kept.append((eqn, source))
+    kept.reverse()
+    return [e for e, _ in kept], [s for _, s in kept]
 
 
 def _callee(eqn: JaxprEqn) -> tuple[Jaxpr, Sequence[Any]] | None:
@@ -75,14 +92,35 @@ def _fresh_literal(lit: Literal) -> Literal:
     return Literal(lit.val, lit.aval)
 
 
-def _fold(eqn: JaxprEqn, invals: list[Any]) -> Literal | None:
-    """A literal for ``convert_element_type`` of a scalar literal; ``None`` otherwise."""
-    if eqn.primitive.name != "convert_element_type" or not isinstance(invals[0], Literal):
+# primitives whose value on scalar constants is exact in IEEE arithmetic, so evaluating them
+# here gives what XLA's own constant folding gives (transcendentals are left alone: their
+# values depend on the implementation)
+_FOLDABLE = frozenset({
+    "convert_element_type", "add", "sub", "mul", "div", "neg", "max", "min", "abs", "sign",
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "select_n", "floor", "ceil",
+})  # fmt: skip
+
+
+def _fold(eqn: JaxprEqn, invals: list[Any]) -> Any | None:
+    """What an equation over scalar literals becomes: a literal of its value, or for a
+    ``select_n`` whose predicate is a literal, the chosen operand (``jnp.var`` guards its
+    divisor ``n - ddof > 0`` this way); ``None`` when it stays an equation."""
+    name, out = eqn.primitive.name, eqn.outvars[0]
+    if name not in _FOLDABLE or len(eqn.outvars) != 1 or isinstance(out, DropVar):
         return None
-    out = eqn.outvars[0]
-    if np.shape(invals[0].val) != () or isinstance(out, DropVar):
+    if name == "select_n" and _scalar_literal(invals[0]):
+        chosen = invals[1 + int(np.asarray(invals[0].val))]
+        return chosen if chosen.aval.shape == out.aval.shape else None
+    if not all(_scalar_literal(v) for v in invals) or out.aval.shape != ():
         return None
-    return Literal(np.asarray(invals[0].val).astype(eqn.params["new_dtype"]), out.aval)
+    with jax.ensure_compile_time_eval():
+        value = eqn.primitive.bind(*(np.asarray(v.val, v.aval.dtype) for v in invals),
+                                   **eqn.params)  # fmt: skip
+    return Literal(np.asarray(value), out.aval)
+
+
+def _scalar_literal(atom: Any) -> bool:
+    return isinstance(atom, Literal) and np.shape(atom.val) == ()
 
 
 class _Flattener:
