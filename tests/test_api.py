@@ -75,6 +75,28 @@ def test_default_strategy_runs_a_searched_graph_defined_kernel_equal_to_jit(name
     _close(fast(*fresh), jax.jit(fn)(*fresh))
 
 
+def _qkv_rope(x, w, cos, sin):
+    """A fused QKV projection split in three, and RoPE by halves on q and k."""
+    q, k, v = jnp.split(x @ w, 3, axis=-1)
+
+    def rotate(a):
+        a1, a2 = jnp.split(a, 2, axis=-1)
+        return jnp.concatenate([a1 * cos - a2 * sin, a2 * cos + a1 * sin], axis=-1)
+
+    return rotate(q) * v, rotate(k)
+
+
+def test_splits_and_slices_are_searched_and_run_as_one_custom_call():
+    shapes = [(8, 32), (32, 48), (8, 8), (8, 8)]
+    args = [_randn(*s, seed=i) for i, s in enumerate(shapes)]
+    fast = mj.optimize(_qkv_rope, config=FAST_SEARCH, require_speedup=False)
+    (region,) = fast.plan(*args).regions
+    assert region.impl is not None and region.source == "search", region.describe()
+    assert region.graph.nodes_of(Op.SLICE)
+    fresh = [_randn(*s, seed=10 + i) for i, s in enumerate(shapes)]
+    _close(fast(*fresh), jax.jit(_qkv_rope)(*fresh), rtol=sum_rtol(32))
+
+
 def test_unsupported_op_cuts_and_the_rest_runs_as_custom_calls():
     def f(x, w):
         y = jnp.sort(jnp.exp(x) @ w, axis=-1)

@@ -700,6 +700,7 @@ def test_half_types_at_kernel_level(rng: np.random.Generator, dtype: DType) -> N
     wide = kb.apply(Op.CAST, y, dtype=F32)
     kb.output(kb.apply(Op.CAST, kb.apply(Op.SQUARE, wide), dtype=dtype))
     kb.output(kb.apply(Op.TRANSPOSE, x, perm=(1, 0)))
+    kb.output(kb.apply(Op.SLICE, x, dim=1, start=3, size=17))
     g = kb.build()
     inputs = [rand(rng, t) for t in g.input_types]
     _half_close(run_cpu(g, inputs), g, inputs)

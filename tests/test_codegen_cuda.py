@@ -84,7 +84,7 @@ REDUCE_OPS = [Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN, Op.REDUCE_RMS]
 
 def kernel_ops_graph() -> KernelGraph:
     """Every kernel-level op in f32: unary, broadcasting binary, reductions on every dim,
-    concat, transpose, reshape (an alias, copied out), cast, batched matmul with tails, and
+    concat, transpose, slices, reshape (an alias, copied out), cast, batched matmul with tails, and
     outputs that are an input or repeat another output."""
     kb = KernelBuilder()
     x, p = kb.input(T(3, 5, 7)), kb.input(T(3, 5, 7))
@@ -102,6 +102,8 @@ def kernel_ops_graph() -> KernelGraph:
     for dim in range(3):
         kb.output(kb.apply(Op.CONCAT, x, p, dim=dim))
     kb.output(kb.apply(Op.TRANSPOSE, x, perm=(2, 0, 1)))
+    for dim in range(3):
+        kb.output(kb.apply(Op.SLICE, x, dim=dim, start=1, size=2))
     kb.output(kb.apply(Op.RESHAPE, kb.apply(Op.EXP, x), shape=(15, 7)))
     kb.output(kb.apply(Op.CAST, kb.apply(Op.CAST, x, dtype=F16), dtype=F32))
     kb.output(kb.matmul(a, b))

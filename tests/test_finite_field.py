@@ -247,6 +247,21 @@ def test_composite_ops_follow_their_definitions(rng):
     assert not np.array_equal(outs[10].a, outs[8].a)  # sqrt is not the reciprocal
 
 
+def test_slices_of_a_concat_are_its_parts_and_commute_with_elementwise_ops(rng):
+    def pairs(kb, x, y):
+        cat = ap(kb, Op.CONCAT, x, y, dim=1)
+        return (
+            ap(kb, Op.SLICE, cat, dim=1, start=0, size=5), x,
+            ap(kb, Op.SLICE, cat, dim=1, start=5, size=3), y,
+            ap(kb, Op.SLICE, ap(kb, Op.EXP, cat), dim=1, start=4, size=2),
+            ap(kb, Op.EXP, ap(kb, Op.SLICE, cat, dim=1, start=4, size=2)),
+        )  # fmt: skip
+
+    outs, _ = run(kernel([T(6, 5), T(6, 3)], pairs), rng)
+    for i in range(0, len(outs), 2):
+        same_p(outs[i], outs[i + 1])
+
+
 def test_gelu_is_its_tanh_formula(rng):
     c = float(np.sqrt(2.0 / np.pi))
 

@@ -374,6 +374,23 @@ def test_concatenate_and_layout_ops() -> None:
     assert Op.CONCAT in _ops(traced.regions[0]) and traced.cuts == ()
 
 
+def test_slices_and_splits_become_slice_nodes() -> None:
+    def f(x):
+        a, b, c = jnp.split(x, [2, 5], axis=1)
+        return jnp.tanh(a)[1:3] * x[1:3, 6:8], jnp.exp(b[:, 1:]), c * 2.0
+
+    traced = check(f, _randn(4, 8))
+    assert traced.cuts == () and len(traced.regions) == 1
+    slices = sorted((n.attr("dim"), n.attr("start"), n.attr("size"))
+                    for n in traced.regions[0].graph.nodes_of(Op.SLICE))  # fmt: skip
+    assert slices == [(0, 1, 2), (0, 1, 2), (1, 0, 2), (1, 1, 2), (1, 2, 3), (1, 5, 3), (1, 6, 2)]
+
+
+def test_strided_slices_are_cut_with_the_reason() -> None:
+    traced = check(lambda x: jnp.exp(x[:, ::2]), _randn(4, 8))
+    assert any("strides" in str(c) for c in traced.cuts)
+
+
 def test_layout_only_program_has_no_region() -> None:
     traced = check(lambda x: x.reshape(4, 2).T.astype(jnp.float32), _randn(8))
     assert traced.regions == () and traced.cuts == ()

@@ -133,10 +133,12 @@ def test_matmul_with_batch_dims_concat_and_layout_ops(rng):
     rs = kb.apply(Op.RESHAPE, tr, shape=(14, 6))
     kb.output(rs)
     kb.output(kb.apply(Op.CAST, rs, dtype=F16))
-    out, half = evaluate(kb.build(), [a, b])
+    kb.output(kb.apply(Op.SLICE, cat, dim=1, start=2, size=3))
+    out, half, part = evaluate(kb.build(), [a, b])
     m = a @ b
     want = np.concatenate([m, np.exp(m)], 1).transpose(2, 0, 1).reshape(14, 6)
     np.testing.assert_allclose(out, want, rtol=1e-13)
+    np.testing.assert_array_equal(part, np.concatenate([m, np.exp(m)], 1)[:, 2:5])
     assert half.dtype == np.float16
     np.testing.assert_array_equal(half, want.astype(np.float16))
 

@@ -55,7 +55,7 @@ _SCALARS = {Op.MUL_SCALAR: {"scalar": 1.5}, Op.ADD_SCALAR: {"scalar": -0.25},
 
 def every_operator(dtype: DType) -> KernelGraph:
     """Each kernel-level op once, on odd shapes: unary, scalar, binary (broadcast), reductions
-    over each dim, matmuls (batched, broadcast), transpose, reshape, concat, casts."""
+    over each dim, matmuls (batched, broadcast), transpose, slices, reshape, concat, casts."""
     kb = KernelBuilder()
     a = kb.input(T(5, 37, dtype=dtype))
     row = kb.input(T(1, 37, dtype=dtype))
@@ -72,6 +72,8 @@ def every_operator(dtype: DType) -> KernelGraph:
     kb.output(kb.matmul(a, w))
     kb.output(kb.matmul(batch, batch_w))
     kb.output(kb.apply(Op.TRANSPOSE, batch, perm=(2, 0, 1)))
+    for dim in (0, 1, 2):
+        kb.output(kb.apply(Op.SLICE, batch, dim=dim, start=1, size=2))
     kb.output(kb.apply(Op.CONCAT, a, row, dim=0))
     kb.output(kb.apply(Op.CONCAT, batch, batch, dim=2))
     kb.output(kb.apply(Op.EXP, kb.apply(Op.RESHAPE, batch, shape=(15, 37))))

@@ -253,6 +253,31 @@ def _concatenate(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
     return [b.view(vid, _out_shape(eqn))]
 
 
+def _slice(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    """``lax.slice`` with unit strides: one SLICE per dim it narrows."""
+    strides = eqn.params.get("strides")
+    if strides is not None and any(s != 1 for s in strides):
+        raise Unsupported(f"slice with strides {tuple(strides)} has no μGraph operator")
+    x = b.tensor(eqn.invars[0])
+    vid = b.exact(x)
+    bounds = zip(eqn.params["start_indices"], eqn.params["limit_indices"], x.shape)
+    for dim, (start, limit, extent) in enumerate(bounds):
+        if (start, limit) != (0, extent):
+            vid = b.apply(Op.SLICE, vid, dim=dim, start=int(start), size=int(limit - start))
+    return [b.view(vid, _out_shape(eqn))]
+
+
+def _split(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    """``jnp.split`` (QKV splits, RoPE halves): one SLICE per part."""
+    vid, dim = b.exact(b.tensor(eqn.invars[0])), int(eqn.params["axis"])
+    views, start = [], 0
+    for i, size in enumerate(eqn.params["sizes"]):
+        views.append(b.view(b.apply(Op.SLICE, vid, dim=dim, start=start, size=int(size)),
+                            _out_shape(eqn, i)))  # fmt: skip
+        start += int(size)
+    return views
+
+
 # ---------------------------------------------------------------------------- contraction
 
 
@@ -299,6 +324,8 @@ RULES: dict[str, Rule] = {
     "copy_p": _identity,
     "stop_gradient": _identity,
     "concatenate": _concatenate,
+    "slice": _slice,
+    "split": _split,
     "dot_general": _dot_general,
 }  # fmt: skip
 

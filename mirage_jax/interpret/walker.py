@@ -239,6 +239,12 @@ def _transpose(ns: NumberSystem, xs: list[Any], attrs: dict[str, Any], lead: int
     return ns.layout(xs[0], lambda v: v.transpose(perm))
 
 
+def _slice(ns: NumberSystem, xs: list[Any], attrs: dict[str, Any], lead: int) -> Any:
+    dim, start, size = attrs["dim"] + lead, attrs["start"], attrs["size"]
+    index = (slice(None),) * dim + (slice(start, start + size),)
+    return ns.layout(xs[0], lambda v: v[index])
+
+
 # The number-system operator of each op is named like the op, except for these.
 _OPERATOR = {Op.MAX: "maximum", Op.MUL_SCALAR: "scale", Op.ADD_SCALAR: "shift"}
 
@@ -251,6 +257,7 @@ OP_TABLE: dict[Op, OpFn] = {
     Op.CONCAT: _concat,
     Op.RESHAPE: _reshape,
     Op.TRANSPOSE: _transpose,
+    Op.SLICE: _slice,
     Op.CAST: lambda ns, xs, attrs, lead: ns.cast(xs[0], attrs["dtype"]),
 }  # fmt: skip
 

@@ -47,6 +47,7 @@ class Op(enum.Enum):
     # layout (kernel level only; row-major reshape is free, transpose copies)
     RESHAPE = "reshape"
     TRANSPOSE = "transpose"
+    SLICE = "slice"  # size elements from start along dim (split halves, QKV): copies
     CAST = "cast"
     # contraction
     MATMUL = "matmul"
@@ -195,6 +196,10 @@ def _info() -> dict[Op, OpInfo]:
         Op.THREAD: structure(None, b, attrs={"graph": REQUIRED}),
         Op.RESHAPE: layout("shape", frozenset({K})),
         Op.TRANSPOSE: layout("perm", frozenset({K})),
+        # a slice is a new value to the abstraction: slices of one tensor differ
+        Op.SLICE: OpInfo(group=G.LAYOUT, arity=1, levels=frozenset({K}),
+                         attrs={"dim": REQUIRED, "start": REQUIRED, "size": REQUIRED},
+                         degree="same", abstract="fn[slice](x)"),
         Op.CAST: layout("dtype", kbt),
         Op.MATMUL: OpInfo(group=G.MATMUL, arity=2, levels=kb, degree="product",
                           abstract="sum[k](mul(x, y))", carried_by=(Op.ACC_SUM,)),

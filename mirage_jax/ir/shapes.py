@@ -220,6 +220,16 @@ def _transpose(op, ins, attrs, ctx):
     return (ins[0].with_shape(tuple(ins[0].shape[p] for p in perm)),)
 
 
+def _slice(op, ins, attrs, ctx):
+    (x,), dim, start, size = ins, attrs["dim"], attrs["start"], attrs["size"]
+    _check_dim(op, x, dim)
+    if not (0 <= start and 0 < size and start + size <= x.shape[dim]):
+        raise _fail(op, f"[{start}, {start + size}) is not inside dim {dim} of {x}")
+    shape = list(x.shape)
+    shape[dim] = size
+    return (x.with_shape(tuple(shape)),)
+
+
 def _cast(op, ins, attrs, ctx):
     if not isinstance(attrs["dtype"], DType):
         raise _fail(op, f"dtype must be a DType, got {attrs['dtype']!r}")
@@ -267,6 +277,7 @@ _SPECIAL: dict[Op, Rule] = {
     Op.OUTPUT: lambda op, ins, attrs, ctx: (),
     Op.RESHAPE: _reshape,
     Op.TRANSPOSE: _transpose,
+    Op.SLICE: _slice,
     Op.CAST: _cast,
     Op.MATMUL: lambda op, ins, attrs, ctx: (_matmul(op, *ins),),
     Op.CONCAT: lambda op, ins, attrs, ctx: (_concat(op, *ins, attrs["dim"]),),

@@ -139,6 +139,8 @@ class SearchSpace:
     scalar_key: tuple[tuple[str, tuple[float, ...]], ...] = ()
     reshapes: tuple[tuple[int, ...], ...] = ()
     perms: tuple[tuple[int, ...], ...] = ()
+    # the target's slices: (input shape, dim, start, size)
+    slices: tuple[tuple[tuple[int, ...], int, int, int], ...] = ()
     grid_sizes: tuple[int, ...] = ()
     cores: int = 1
     max_block_ops: int = 11
@@ -230,6 +232,8 @@ def derive_space(config: SearchConfig, target: KernelGraph) -> SearchSpace:
         scalar_key=tuple((op.value, v) for op, v in scalars.items()),
         reshapes=tuple(sorted({tuple(n.attr("shape")) for n in target.nodes_of(Op.RESHAPE)})),
         perms=tuple(sorted({tuple(n.attr("perm")) for n in target.nodes_of(Op.TRANSPOSE)})),
+        slices=tuple(sorted({(target.types[n.ins[0]].shape, n.attr("dim"), n.attr("start"),
+                              n.attr("size")) for n in target.nodes_of(Op.SLICE)})),  # fmt: skip
         grid_sizes=_grid_sizes(config, target, cores),
         cores=cores,
         max_block_ops=config.max_block_ops or max(

@@ -81,7 +81,8 @@ def representative(tilings: Sequence[en.Tiling], space: SearchSpace) -> en.Tilin
 def site_cost(site: en.Site) -> int:
     """Sites in order: fewer compute ops before the graph_def, then fewer layout ops; operands
     of different ranks (which block ops cannot combine) last among their peers."""
-    compute = sum(op not in (Op.RESHAPE, Op.TRANSPOSE, Op.CAST) for op, _, _ in site.prefix.nodes)
+    compute = sum(op not in (Op.RESHAPE, Op.TRANSPOSE, Op.SLICE, Op.CAST)
+                  for op, _, _ in site.prefix.nodes)  # fmt: skip
     mixed = len({t.rank for t in site.arg_types}) > 1
     return 10 * compute + site.prefix.num_ops + 5 * mixed
 

@@ -5,7 +5,7 @@
 //   half.h         kernel-level folds and products over bf16 / f16 tensors (via float)
 //   parallel.h     pool-based parallel for, kernel workspace, error guard
 //   elementwise.h  map: fused, broadcasting elementwise loops (ops and thread graphs)
-//   reduce.h       reductions over one dim, concat, transpose
+//   reduce.h       reductions over one dim, concat, slice, transpose
 //   matmul.h       register-blocked tile and batched kernel-level matmul
 //   tile.h         input_iter loads and output_saver stores
 //   accum.h        for-loop accumulators

@@ -231,6 +231,24 @@ inline void concat(const mj_pool* pool, Out& out, const A& a, const B& b) {
   });
 }
 
+// out = in[..., Start:Start + n, ...] along Dim (n: out's extent there): a row copy per outer
+// index.
+template <int Dim, int Start, class Out, class In>
+inline void slice(const mj_pool* pool, Out& out, const In& in) {
+  using SI = shape_of<In>;
+  using SO = shape_of<Out>;
+  constexpr i64 outer = SI::prod(0, Dim);
+  constexpr i64 ri = SI::prod(Dim, SI::rank), ro = SO::prod(Dim, SO::rank);
+  constexpr i64 offset = Start * SI::prod(Dim + 1, SI::rank);
+  static_assert(SO::size == outer * ro && offset + ro <= ri, "slice output shape");
+  auto* o = out.ptr();
+  const auto* x = in.ptr();
+  parallel_ranges(pool, outer, SO::size, [&](i64 lo, i64 hi) {
+    for (i64 i = lo; i < hi; ++i)
+      copy_region<Shape<ro>, Shape<ro>, Shape<ro>>(o + i * ro, x + i * ri + offset);
+  });
+}
+
 // out = transpose(in, perm): out dim d is in dim Pm::src[d].
 template <class Pm, class Out, class In>
 inline void transpose(const mj_pool* pool, Out& out, const In& in) {

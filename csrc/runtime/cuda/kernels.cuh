@@ -1,5 +1,5 @@
 // Kernel-level predefined operators as simple standalone kernels (the ops of a kernel graph
-// that are not graph-defined): elementwise with broadcasting, reductions, concat, transpose,
+// that are not graph-defined): elementwise with broadcasting, reductions, concat, slice, transpose,
 // cast, and a tiled FMA matmul. Launch shapes are chosen by the emitter; every kernel is
 // correct for any grid (grid-stride loops) and uses 1-D blocks.
 #pragma once
@@ -61,6 +61,17 @@ __global__ void __launch_bounds__(256) k_concat(TO* __restrict__ out, const TA* 
     const int outer = i / (inner * no), c = (i / inner) % no, in = i % inner;
     out[i] = c < na ? cvt<TO>(a[(outer * na + c) * inner + in])
                     : cvt<TO>(b[(outer * nb + (c - na)) * inner + in]);
+  }
+}
+
+// out = in[..., START:START + n, ...] along DIM (n: out's extent there).
+template <class LO, class LI, int DIM, int START, class TO, class TI>
+__global__ void __launch_bounds__(256) k_slice(TO* __restrict__ out, const TI* __restrict__ in) {
+  constexpr int inner = LO::stride(DIM);
+  constexpr int no = LO::dim(DIM), ni = LI::dim(DIM);
+  for (int i = global_tid(); i < LO::size; i += global_threads()) {
+    const int outer = i / (inner * no), c = (i / inner) % no, rest = i % inner;
+    out[i] = cvt<TO>(in[(outer * ni + START + c) * inner + rest]);
   }
 }
 

@@ -77,6 +77,7 @@ TABLE: dict[Op, Template] = {
     Op.THREAD: Template("map", "<lambda of the thread graph>"),
     Op.RESHAPE: Template("reshape"),  # View::reshape: an alias, no copy
     Op.TRANSPOSE: Template("transpose"),
+    Op.SLICE: Template("slice"),
     Op.CAST: Template("map", "mj::op::Cast"),
     Op.MATMUL: Template("matmul"),  # matmul_acc when it feeds an acc_sum directly
     Op.CONCAT: Template("concat"),
@@ -349,6 +350,9 @@ _KERNEL_OPS: dict[str, _KernelOp] = {
     ),
     "transpose": lambda e, n, out, ins: (
         f"mj::k::transpose<mj::Perm<{','.join(map(str, n.attr('perm')))}>>(pool, {out}, {ins[0]})"
+    ),
+    "slice": lambda e, n, out, ins: (
+        f"mj::k::slice<{n.attr('dim')}, {n.attr('start')}>(pool, {out}, {ins[0]})"
     ),
     "graph_def": lambda e, n, out, ins: e._graph_def(n, out, ins),
 }

@@ -87,6 +87,7 @@ TABLE: dict[Op, Template] = {
     Op.THREAD: Template("fused loop", "<inlined thread graph>"),
     Op.RESHAPE: Template("alias"),
     Op.TRANSPOSE: Template("transpose"),
+    Op.SLICE: Template("slice"),
     Op.CAST: Template("unary", "mj::op::Identity"),
     Op.MATMUL: Template("block_matmul"),  # Accumulator::mma when it feeds an acc_sum
     Op.CONCAT: Template("concat"),
@@ -649,6 +650,13 @@ class _KernelEmitter(KernelEmitter):
         grid = self._blocks_for(g.types[v].size)
         return [self._launch(kernel, grid, KERNEL_THREADS, "0", [f"t{v}", f"t{x}"])]
 
+    def _slice(self, node: Node) -> list[str]:
+        g, v, x = self.g, node.outs[0], node.ins[0]
+        kernel = (f"mj::k_slice<{_shape(g.types[v].shape)}, {_shape(g.types[x].shape)}, "
+                  f"{node.attr('dim')}, {node.attr('start')}, {self._ct(v)}, {self._ct(x)}>")
+        grid = self._blocks_for(g.types[v].size)
+        return [self._launch(kernel, grid, KERNEL_THREADS, "0", [f"t{v}", f"t{x}"])]
+
 
 _KernelOp = Callable[[_KernelEmitter, Node], list[str]]
 _KERNEL_OPS: dict[str, _KernelOp] = {
@@ -658,6 +666,7 @@ _KERNEL_OPS: dict[str, _KernelOp] = {
     "matmul": _KernelEmitter._matmul,
     "concat": _KernelEmitter._concat,
     "transpose": _KernelEmitter._transpose,
+    "slice": _KernelEmitter._slice,
     "graph_def": _KernelEmitter._graph_def,
 }
 

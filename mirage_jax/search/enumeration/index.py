@@ -206,7 +206,7 @@ def index_step(
     classes, ``event(kind, class, carry)`` records or checks a reduction; ``loop_class`` is
     the class a block's for-loop splits when the op is in the loop body. None: the op is
     outside the analysed fragment."""
-    if op in (Op.CONCAT, Op.GRAPH_DEF, Op.THREAD):
+    if op in (Op.CONCAT, Op.SLICE, Op.GRAPH_DEF, Op.THREAD):
         return None
     pend = frozenset().union(*(i.pending for i in infos)) if infos else frozenset()
     if pend and op in _NONLINEAR:

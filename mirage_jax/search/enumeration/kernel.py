@@ -287,6 +287,11 @@ def _layout_candidates(ops: dict[str, Any], shp: list[Shape], vals: range) -> It
         for v in vals:
             if len(perm) == len(shp[v]):
                 yield Op.TRANSPOSE, (v,), (("perm", perm),), tuple(shp[v][p] for p in perm)
+    for shape, dim, start, size in ops["slice"]:
+        for v in vals:
+            if shp[v] == shape:
+                attrs = (("dim", dim), ("size", size), ("start", start))
+                yield Op.SLICE, (v,), attrs, shape[:dim] + (size,) + shape[dim + 1:]
 
 
 def _kernel_vocabulary(space: Any) -> dict[str, Any]:
@@ -298,6 +303,7 @@ def _kernel_vocabulary(space: Any) -> dict[str, Any]:
         "matmul": Op.MATMUL in ops,
         "reshape": space.reshapes if Op.RESHAPE in ops else (),
         "transpose": space.perms if Op.TRANSPOSE in ops else (),
+        "slice": space.slices if Op.SLICE in ops else (),
     }
 
 
