@@ -15,7 +15,10 @@ grid, gx == gy):
 
 from __future__ import annotations
 
+import math
+
 from mirage_jax.ir import (
+    BOOL,
     F32,
     BlockBuilder,
     DType,
@@ -157,9 +160,42 @@ def attention_plain(b: int, m: int, d: int, n: int, dtype: DType = F32) -> Kerne
     return kb.build()
 
 
-def _online_softmax_body(bb: BlockBuilder, q_t, k_t, v_t):
-    """s = q@k, m = rowmax(s), p = exp(s - m): per-chunk o = p@v and l = rowsum(p)."""
+def masked_attention_plain(b: int, m: int, d: int, n: int, fill: float = -math.inf
+                           ) -> KernelGraph:  # fmt: skip
+    """softmax(where(mask, q @ k, fill), -1) @ v with a bool mask[1, m, n] (rows may be fully
+    masked: with fill -inf they are NaN, as jax.nn.softmax gives)."""
+    kb = KernelBuilder()
+    q, k, v = kb.input(T(b, m, d)), kb.input(T(b, d, n)), kb.input(T(b, n, d))
+    mask = kb.input(T(1, m, n, dtype=BOOL))
+    s = kb.apply(Op.WHERE, mask, kb.matmul(q, k), fill=fill)
+    e = kb.apply(Op.EXP, kb.apply(Op.SUB, s, kb.apply(Op.REDUCE_MAX, s, dim=2)))
+    p = kb.apply(Op.DIV, e, kb.apply(Op.REDUCE_SUM, e, dim=2))
+    kb.output(kb.matmul(p, v))
+    return kb.build()
+
+
+def masked_attention_fused(b: int, m: int, d: int, n: int, *, loop: int = 4,
+                           fill: float = -1e9) -> KernelGraph:  # fmt: skip
+    """FlashAttention with the mask's tile loaded per loop step and applied to the scores
+    (where) before the online softmax."""
+    args = (T(b, m, d), T(b, d, n), T(b, n, d), T(1, m, n, dtype=BOOL))
+    bb = BlockBuilder((b, 1, 1), loop, args)
+    q_t = bb.input_iter(0, (0, N, N))
+    k_t = bb.input_iter(1, (0, N, N), 2)
+    v_t = bb.input_iter(2, (0, N, N), 1)
+    mask_t = bb.input_iter(3, (N, N, N), 2)
+    o, den_t, mx = _online_softmax_body(bb, q_t, k_t, v_t, mask=(mask_t, fill))
+    num, den = bb.apply(Op.ACC_RESCALE_SUM, o, mx), bb.apply(Op.ACC_RESCALE_SUM, den_t, mx)
+    bb.output_saver(bb.apply(Op.DIV, num, den), (0, N, N))
+    return _wrap(bb.build())
+
+
+def _online_softmax_body(bb: BlockBuilder, q_t, k_t, v_t, mask=None):
+    """s = q@k (masked: where(mask, s, fill)), m = rowmax(s), p = exp(s - m): per-chunk
+    o = p@v and l = rowsum(p)."""
     s = bb.matmul(q_t, k_t)
+    if mask is not None:
+        s = bb.apply(Op.WHERE, mask[0], s, fill=mask[1])
     last = s.type.rank - 1
     mx = bb.apply(Op.REDUCE_MAX, s, dim=last)
     p = bb.apply(Op.EXP, bb.apply(Op.SUB, s, mx))

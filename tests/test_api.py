@@ -97,6 +97,28 @@ def test_splits_and_slices_are_searched_and_run_as_one_custom_call():
     _close(fast(*fresh), jax.jit(_qkv_rope)(*fresh), rtol=sum_rtol(32))
 
 
+def _causal_attention(q, k, v):
+    s = q @ jnp.swapaxes(k, -1, -2) * 0.25
+    t = s.shape[-1]
+    keep = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+    return jax.nn.softmax(jnp.where(keep, s, -jnp.inf), axis=-1) @ v
+
+
+def test_masked_attention_is_searched_and_runs_as_one_custom_call():
+    shapes = [(2, 16, 16), (2, 16, 16), (2, 16, 16)]
+    args = [_randn(*s, seed=i) for i, s in enumerate(shapes)]
+    fast = mj.optimize(_causal_attention, config=FAST_SEARCH, require_speedup=False)
+    (region,) = fast.plan(*args).regions
+    assert region.impl is not None and region.source == "search", region.describe()
+    assert region.graph.nodes_of(Op.WHERE) or any(
+        b.attr("block").nodes_of(Op.WHERE) for b in region.graph.nodes_of(Op.GRAPH_DEF))
+    fresh = [_randn(*s, seed=10 + i) for i, s in enumerate(shapes)]
+    _close(fast(*fresh), jax.jit(_causal_attention)(*fresh), rtol=sum_rtol(16))
+    g = jax.grad(lambda *a: jnp.sum(fast(*a) ** 2), argnums=(0, 1, 2))(*fresh)
+    want = jax.grad(lambda *a: jnp.sum(_causal_attention(*a) ** 2), argnums=(0, 1, 2))(*fresh)
+    _close(g, want, rtol=sum_rtol(16))
+
+
 def test_unsupported_op_cuts_and_the_rest_runs_as_custom_calls():
     def f(x, w):
         y = jnp.sort(jnp.exp(x) @ w, axis=-1)

@@ -26,6 +26,7 @@ from mirage_jax.errors import CompileError
 from mirage_jax.interpret import evaluate
 from mirage_jax.ir import (
     BF16,
+    BOOL,
     F16,
     F32,
     F64,
@@ -94,6 +95,8 @@ def check(graph: KernelGraph, inputs: list[np.ndarray], tol: float | None = None
 
 
 def rand(rng: np.random.Generator, t: TensorType, positive: bool = False) -> np.ndarray:
+    if t.dtype is BOOL:
+        return rng.random(t.shape) < 0.5  # a mask
     x = rng.standard_normal(t.shape)
     if positive:
         x = np.abs(x) + 0.1
@@ -556,6 +559,10 @@ def _attention(q, k, v):
     return jax.nn.softmax(q @ k, axis=-1) @ v
 
 
+def _masked_attention(q, k, v, mask):
+    return jax.nn.softmax(jnp.where(mask, q @ k, -1e9), axis=-1) @ v
+
+
 FUSED = {
     "rmsnorm_linear": (lambda: G.rmsnorm_linear_fused(8, 256, 96, grid=(3, 2), loop=4),
                        _rmsnorm_linear),
@@ -570,6 +577,10 @@ FUSED = {
                         _attention),
     "flash_decoding": (lambda: G.flash_decoding_split(2, 4, 16, 128, splits=2, loop=4),
                        _attention),
+    "masked_attention": (lambda: G.masked_attention_fused(2, 8, 16, 128, loop=4),
+                         _masked_attention),
+    "masked_attention_plain": (lambda: G.masked_attention_plain(2, 8, 16, 64, fill=-1e9),
+                               _masked_attention),
 }  # fmt: skip
 
 
@@ -586,6 +597,33 @@ def _fused_scale(name: str, ins: list[np.ndarray]) -> np.ndarray | None:
         return None
     x, w1, w2 = (a.astype(np.float64) for a in ins)
     return product_scale(x @ w1, x @ w2)
+
+
+def test_masks_follow_jnp_where_and_softmax_on_fully_masked_rows(rng: np.random.Generator
+                                                                ) -> None:  # fmt: skip
+    """where / where_not keep x where the mask holds / does not, else the fill (-inf, NaN, -0
+    and a number); a row masked whole gives softmax's NaN with fill -inf and a uniform row
+    with a finite fill, as jax.jit gives, at kernel level and through the online softmax."""
+    kb = KernelBuilder()
+    mask, x = kb.input(T(1, 37, dtype=BOOL)), kb.input(T(5, 37))
+    for op in (Op.WHERE, Op.WHERE_NOT):
+        for fill in (-np.inf, np.nan, -0.0, 2.5):
+            kb.output(kb.apply(op, mask, x, fill=fill))
+    g = kb.build()
+    ins = [rand(rng, t) for t in g.input_types]
+    got, want = run_cpu(g, ins), evaluate(g, ins)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"output {i}")
+        assert np.array_equal(np.signbit(a), np.signbit(b)), f"output {i}: signs of zeros"
+    for fill, graph in ((-np.inf, G.masked_attention_plain(2, 8, 16, 64, fill=-np.inf)),
+                        (-1e9, G.masked_attention_fused(2, 8, 16, 128, loop=4))):  # fmt: skip
+        q, k, v, m = (rand(rng, t) for t in graph.input_types)
+        m[0, 3] = False  # row 3 masked whole
+        want = np.asarray(jax.jit(lambda q, k, v, m, f=fill: jax.nn.softmax(
+            jnp.where(m, q @ k, f), axis=-1) @ v)(q, k, v, m))  # fmt: skip
+        got = run_cpu(graph, [q, k, v, m])[0]
+        assert np.isnan(want[:, 3]).all() == (fill == -np.inf)
+        assert_array_close(got, want, rtol=2e-5, what=f"fill {fill}")
 
 
 @pytest.mark.parametrize("name", sorted(FUSED))

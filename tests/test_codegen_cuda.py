@@ -38,9 +38,11 @@ from mirage_jax.errors import CompileError, RuntimeLoadError
 from mirage_jax.interpret import evaluate
 from mirage_jax.ir import (
     BF16,
+    BOOL,
     F16,
     F32,
     F64,
+    MASKED,
     BlockBuilder,
     DType,
     KernelBuilder,
@@ -101,6 +103,9 @@ def kernel_ops_graph() -> KernelGraph:
             kb.output(kb.apply(op, x, dim=dim))
     for dim in range(3):
         kb.output(kb.apply(Op.CONCAT, x, p, dim=dim))
+    mask = kb.input(T(1, 5, 7, dtype=BOOL))
+    for op in sorted(MASKED, key=lambda o: o.value):
+        kb.output(kb.apply(op, mask, x, fill=-1.5))
     kb.output(kb.apply(Op.TRANSPOSE, x, perm=(2, 0, 1)))
     for dim in range(3):
         kb.output(kb.apply(Op.SLICE, x, dim=dim, start=1, size=2))
@@ -269,6 +274,8 @@ def fused_graphs() -> dict[str, KernelGraph]:
         "attention": G.attention_fused(2, 16, 32, 128, row_blocks=2, loop=4),
         "attention_f16": G.attention_fused(2, 16, 32, 128, loop=4, dtype=F16),
         "flash_decoding": G.flash_decoding_split(2, 8, 32, 128, splits=2, loop=2),
+        "masked_attention": G.masked_attention_fused(2, 16, 32, 128, loop=4),
+        "masked_attention_plain": G.masked_attention_plain(2, 8, 16, 64, fill=-1e9),
     }
 
 
@@ -397,9 +404,11 @@ def rng() -> np.random.Generator:
 
 
 def inputs_for(graph: KernelGraph, rng: np.random.Generator, scale: float = 1.0):
-    """Unit normals; inputs named positive by the graphs (p, lengths) are made positive by
-    taking abs + 0.1 of every second input of the op-coverage graphs."""
-    return [(scale * rng.standard_normal(t.shape)).astype(t.dtype.numpy)
+    """Unit normals (masks: random, about half kept); inputs named positive by the graphs (p,
+    lengths) are made positive by taking abs + 0.1 of every second input of the op-coverage
+    graphs."""
+    return [rng.random(t.shape) < 0.5 if t.dtype is BOOL else
+            (scale * rng.standard_normal(t.shape)).astype(t.dtype.numpy)
             for t in graph.input_types]  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from mirage_jax.interpret.finite_field import (
     fingerprint_inputs,
 )
 from mirage_jax.ir import (
+    BOOL,
     F32,
     BlockBuilder,
     KernelBuilder,
@@ -260,6 +261,24 @@ def test_slices_of_a_concat_are_its_parts_and_commute_with_elementwise_ops(rng):
     outs, _ = run(kernel([T(6, 5), T(6, 3)], pairs), rng)
     for i in range(0, len(outs), 2):
         same_p(outs[i], outs[i + 1])
+
+
+def test_masks_are_zero_one_and_where_splits_a_value_exactly(rng):
+    def pairs(kb, m, x):
+        kept = ap(kb, Op.WHERE, m, x, fill=0.0)
+        dropped = ap(kb, Op.WHERE_NOT, m, x, fill=0.0)
+        return (
+            ap(kb, Op.ADD, kept, dropped), ap(kb, Op.ADD, x, ap(kb, Op.MUL_SCALAR, x, scalar=0.0)),
+            ap(kb, Op.WHERE, m, x, fill=-np.inf), ap(kb, Op.WHERE, m, x, fill=-np.inf),
+            ap(kb, Op.WHERE, m, x, fill=-np.inf), ap(kb, Op.WHERE, m, x, fill=-1e9),
+        )  # fmt: skip
+
+    g = kernel([TensorType((1, 16), BOOL), T(6, 16)], pairs)
+    outs, ins = run(g, rng)
+    assert set(np.unique(ins[0].a)) <= {0, 1} and set(np.unique(ins[0].b)) <= {0, 1}
+    same_p(outs[0], outs[1])
+    same_p(outs[2], outs[3])  # a non-finite fill is one fixed element per seed
+    assert not np.array_equal(outs[4].a, outs[5].a)  # and not a finite one's image
 
 
 def test_gelu_is_its_tanh_formula(rng):

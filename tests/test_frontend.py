@@ -20,7 +20,7 @@ from tolerance import assert_array_close, assert_tree_close, sum_rtol
 from mirage_jax.errors import TraceError
 from mirage_jax.frontend import Cut, Region, TracedProgram, trace
 from mirage_jax.interpret import evaluate
-from mirage_jax.ir import Op
+from mirage_jax.ir import DType, Op
 
 
 def _rtol(args) -> float:
@@ -45,9 +45,8 @@ def _interpreted(program: TracedProgram) -> dict:
 
 def _check_regions_match_xla(program: TracedProgram, seed: int, rtol: float) -> None:
     """Each graph computes what its equations compute, on random inputs of its input types."""
-    rng = np.random.default_rng(seed)
     for region in program.regions:
-        ins = [rng.standard_normal(t.shape).astype(t.dtype.numpy) for t in region.graph.input_types]
+        ins = region.sample_inputs(seed)
         with np.errstate(all="ignore"):  # random inputs may leave log/sqrt's domain
             got = evaluate(region.graph, ins)
             want = program.region_callable(region.index)(*ins)
@@ -75,6 +74,8 @@ def _fresh_like(args, seed: int):
     def fresh(x):
         if isinstance(x, (float, int)):
             return x
+        if np.asarray(x).dtype == np.bool_:
+            return rng.random(np.shape(x)) < 0.5
         return rng.standard_normal(np.shape(x)).astype(np.asarray(x).dtype)
 
     return jax.tree_util.tree_map(fresh, args)
@@ -389,6 +390,49 @@ def test_slices_and_splits_become_slice_nodes() -> None:
 def test_strided_slices_are_cut_with_the_reason() -> None:
     traced = check(lambda x: jnp.exp(x[:, ::2]), _randn(4, 8))
     assert any("strides" in str(c) for c in traced.cuts)
+
+
+def test_where_over_a_mask_stays_in_the_region() -> None:
+    # jnp.where against a constant on either side, and between two tensors; the masks come
+    # from outside (a comparison stays with XLA) and broadcast over the batch
+    def f(x, y, mask):
+        s = jnp.where(mask, x, -1e9)
+        t = jnp.where(mask, jnp.finfo(jnp.float32).min, y)
+        return jax.nn.softmax(s, -1) + t + jnp.where(mask, x, y)
+
+    mask = np.random.default_rng(0).random((1, 8)) < 0.5
+    traced = check(f, _randn(4, 8), _randn(4, 8, seed=1), mask)
+    # the mask's broadcast stays with XLA, moved ahead of the region (schedule.hoist_cuts)
+    assert [c.primitive for c in traced.cuts] == ["broadcast_in_dim"] * 3
+    assert len(traced.regions) == 1
+    fills = sorted((n.op.value, n.attr("fill")) for n in traced.regions[0].graph.nodes
+                   if n.op in (Op.WHERE, Op.WHERE_NOT))  # fmt: skip
+    assert fills == [("where", -1e9), ("where", -0.0),
+                     ("where_not", float(jnp.finfo(jnp.float32).min)), ("where_not", -0.0)]  # fmt: skip
+
+
+def test_comparisons_building_a_mask_are_cut_and_the_mask_enters_as_bool() -> None:
+    def causal(x):
+        t = x.shape[-1]
+        keep = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+        return jax.nn.softmax(jnp.where(keep, x, -jnp.inf), axis=-1)
+
+    traced = check(causal, _randn(6, 6))
+    assert len(traced.regions) == 1 and any(c.primitive in ("le", "ge") for c in traced.cuts)
+    assert DType.BOOL in {t.dtype for t in traced.regions[0].graph.input_types}
+
+
+def test_a_mask_built_between_matmul_and_softmax_moves_ahead_of_the_region() -> None:
+    def attention(q, k):
+        s = q @ k.T
+        t = s.shape[-1]
+        keep = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # traced after the matmul
+        return jax.nn.softmax(jnp.where(keep, s, -jnp.inf), axis=-1)
+
+    traced = check(attention, _randn(6, 4), _randn(6, 4, seed=1))
+    assert len(traced.regions) == 1, traced.describe()
+    assert {Op.MATMUL, Op.WHERE, Op.EXP} <= set(_ops(traced.regions[0]))
+    assert all(c.eqn_index < traced.regions[0].span[0] for c in traced.cuts)
 
 
 def test_layout_only_program_has_no_region() -> None:

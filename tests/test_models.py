@@ -18,7 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from tolerance import assert_array_close, assert_tree_close, error_scale, sum_rtol, typical
+from tolerance import (
+    assert_array_close,
+    assert_tree_close,
+    error_scale,
+    sum_rtol,
+    typical,
+)
 
 import mirage_jax as mj
 

@@ -32,6 +32,7 @@ from mirage_jax.backend.cpu.isa import host_isa, isa_flags
 from mirage_jax.interpret import evaluate
 from mirage_jax.ir import (
     BF16,
+    BOOL,
     F16,
     F32,
     F64,
@@ -41,7 +42,7 @@ from mirage_jax.ir import (
     KernelGraph,
     Op,
 )
-from mirage_jax.ir.ops import BINARY, REDUCTIONS, UNARY
+from mirage_jax.ir.ops import BINARY, MASKED, REDUCTIONS, UNARY
 
 pytestmark = pytest.mark.sanitize
 
@@ -55,7 +56,8 @@ _SCALARS = {Op.MUL_SCALAR: {"scalar": 1.5}, Op.ADD_SCALAR: {"scalar": -0.25},
 
 def every_operator(dtype: DType) -> KernelGraph:
     """Each kernel-level op once, on odd shapes: unary, scalar, binary (broadcast), reductions
-    over each dim, matmuls (batched, broadcast), transpose, slices, reshape, concat, casts."""
+    over each dim, matmuls (batched, broadcast), transpose, slices, reshape, concat, casts,
+    masks."""
     kb = KernelBuilder()
     a = kb.input(T(5, 37, dtype=dtype))
     row = kb.input(T(1, 37, dtype=dtype))
@@ -64,8 +66,11 @@ def every_operator(dtype: DType) -> KernelGraph:
     batch_w = kb.input(T(3, 37, 19, dtype=dtype))
     for op in sorted(UNARY, key=lambda o: o.value):
         kb.output(kb.apply(op, a, **_SCALARS.get(op, {})))
-    for op in sorted(BINARY, key=lambda o: o.value):
+    for op in sorted(BINARY - MASKED, key=lambda o: o.value):
         kb.output(kb.apply(op, a, row))
+    mask = kb.input(T(1, 37, dtype=BOOL))
+    for op in sorted(MASKED, key=lambda o: o.value):
+        kb.output(kb.apply(op, mask, a, fill=-np.inf))
     for op in sorted(REDUCTIONS, key=lambda o: o.value):
         for dim in (0, 1):
             kb.output(kb.apply(op, a, dim=dim))
@@ -119,6 +124,7 @@ def sample() -> dict[str, KernelGraph]:
         "flash_attention": G.attention_fused(2, 8, 16, 128, row_blocks=2, loop=4),
         "flash_decoding": G.flash_decoding_split(2, 4, 16, 128, splits=2, loop=4),
         "attention_plain": G.attention_plain(2, 3, 9, 31),
+        "masked_attention": G.masked_attention_fused(2, 8, 16, 128, loop=4),
     }  # fmt: skip
     block = graphs["accumulators_split"].nodes_of(Op.GRAPH_DEF)[0].attr("block")
     assert splits_loop(block), "the split-loop sample must run split"
@@ -215,7 +221,9 @@ def test_generated_kernels_run_clean_under_asan_and_ubsan(tmp_path: Path) -> Non
     inputs = {}
     for name, g in graphs.items():
         (tmp_path / name).mkdir()
-        inputs[name] = [rng.standard_normal(t.shape).astype(t.dtype.numpy) for t in g.input_types]
+        inputs[name] = [rng.random(t.shape) < 0.5 if t.dtype is BOOL else
+                        rng.standard_normal(t.shape).astype(t.dtype.numpy)
+                        for t in g.input_types]  # fmt: skip
         for k, x in enumerate(inputs[name]):
             (tmp_path / name / f"in{k}").write_bytes(x.tobytes())
     names = list(graphs)

@@ -130,11 +130,29 @@ class RegionBuilder:
         """The view of ``atom``; values from outside the region become region inputs."""
         if isinstance(atom, Var) and atom in self.env:
             return self.env[atom]
+        return self._input(atom, tensor_type(atom.aval))
+
+    def mask(self, atom: Any) -> View:
+        """A bool ``atom`` (computed by XLA: no op of a region makes one) as a mask input."""
+        if np.dtype(atom.aval.dtype) != np.bool_ or not isinstance(atom, Var):
+            raise Unsupported(f"predicate {atom.aval} is not a bool array")
+        return self._input(atom, TensorType(tuple(atom.aval.shape), DType.BOOL))
+
+    def _input(self, atom: Any, t: TensorType) -> View:
         key = atom_key(atom)
         if key not in self._inputs:
-            t = tensor_type(atom.aval)
             self._inputs[key] = (atom, self._push((Op.INPUT, (), ()), t, cache=False))
         return View(self._inputs[key][1], tuple(atom.aval.shape))
+
+    def constant(self, view: View) -> float | None:
+        """The scalar literal ``view`` broadcasts (a region input made of one), else None."""
+        vid = view.vid
+        while self._nodes[vid][0] is Op.RESHAPE:
+            vid = self._nodes[vid][1][0]
+        for atom, input_vid in self._inputs.values():
+            if input_vid == vid and isinstance(atom, Literal) and np.shape(atom.val) == ():
+                return float(np.asarray(atom.val))
+        return None
 
     def view(self, vid: int, shape: Iterable[int]) -> View:
         return View(vid, tuple(shape))

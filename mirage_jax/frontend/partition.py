@@ -12,12 +12,20 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from jax.extend.core import DropVar, JaxprEqn, Var
+import numpy as np
+from jax.extend.core import DropVar, JaxprEqn, Literal, Var
 
 from mirage_jax.errors import GraphError
-from mirage_jax.frontend.builder import RegionBuilder, Unsupported, View, atom_key, tensor_type
+from mirage_jax.frontend.builder import (
+    RegionBuilder,
+    Unsupported,
+    View,
+    atom_key,
+    tensor_type,
+)
 from mirage_jax.frontend.flatten import FlatJaxpr
 from mirage_jax.frontend.rules import RULES, unsupported_reason
+from mirage_jax.interpret.numerics import sample_inputs
 from mirage_jax.ir import KernelGraph
 
 log = logging.getLogger("mirage_jax")
@@ -43,6 +51,14 @@ class Region:
     sources: tuple[str, ...]
     backward: bool = False  # holds equations of a derivative's transposed (reverse-mode) part
     forward: bool = True  # holds equations of anything else
+
+    def sample_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Random inputs of the graph's input types (masks: random bools), its literals at
+        their own values: a constant the graph holds as an attribute (a where's fill) is an
+        input of the equations XLA replays too, and must be the same constant there."""
+        drawn = sample_inputs(self.graph.input_types, seed=seed)
+        return [np.full(x.shape, np.asarray(atom.val), x.dtype) if isinstance(atom, Literal)
+                else x for atom, x in zip(self.inputs, drawn, strict=True)]  # fmt: skip
 
     @property
     def pass_label(self) -> str:
@@ -134,7 +150,9 @@ class _Partitioner:
         mark = b.mark()
         outvars = [v for v in eqn.outvars if not isinstance(v, DropVar)]
         try:
-            for atom in (*eqn.invars, *outvars):
+            # a select's predicate is a bool mask (RegionBuilder.mask); every other operand
+            # must be a tensor a μGraph can hold
+            for atom in (*eqn.invars[name == "select_n":], *outvars):
                 tensor_type(atom.aval)
             views = rule(b, eqn)
             for var, view in zip(eqn.outvars, views):

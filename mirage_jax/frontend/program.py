@@ -20,6 +20,7 @@ from jax.extend.source_info_util import user_context
 from mirage_jax.errors import TraceError
 from mirage_jax.frontend.flatten import flatten
 from mirage_jax.frontend.partition import Cut, Region, partition
+from mirage_jax.frontend.schedule import hoist_cuts
 
 RegionImpl = Callable[..., Sequence[Any]]
 
@@ -225,7 +226,7 @@ def trace(
         out_trees.append(out_tree)
         return out_leaves
 
-    flat = flatten(jax.make_jaxpr(flat_fn)(*leaves))
+    flat = hoist_cuts(flatten(jax.make_jaxpr(flat_fn)(*leaves)))
     regions, cuts = partition(flat)
     return TracedProgram(
         name=getattr(fn, "__name__", type(fn).__name__),

@@ -165,6 +165,31 @@ def _binary(name: str) -> Rule:
     return rule
 
 
+def _select_n(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    """``select_n(pred, on_false, on_true)`` over a bool mask from outside the region (as
+    ``jnp.where`` and attention masks give): a WHERE keeping the tensor case where a scalar
+    constant is the other, else where(m, on_true, -0) + where_not(m, on_false, -0), which is
+    exact (x + -0 is x for every x, -0 included)."""
+    pred, *cases = eqn.invars
+    if len(cases) != 2:
+        raise Unsupported(f"select_n of {len(cases)} cases has no μGraph operator")
+    shape = _out_shape(eqn)
+    mask = b.aligned(b.mask(pred), len(shape))
+    lo, hi = (b.operand(c) for c in cases)
+    lo_c, hi_c = (c if isinstance(c, float) else b.constant(c) for c in (lo, hi))
+    if lo_c is not None and hi_c is not None:
+        raise Unsupported("select_n of two constants")
+    if lo_c is not None:
+        vid = b.apply(Op.WHERE, mask, b.aligned(hi, len(shape)), fill=lo_c)
+    elif hi_c is not None:
+        vid = b.apply(Op.WHERE_NOT, mask, b.aligned(lo, len(shape)), fill=hi_c)
+    else:
+        kept = b.apply(Op.WHERE, mask, b.aligned(hi, len(shape)), fill=-0.0)
+        other = b.apply(Op.WHERE_NOT, mask, b.aligned(lo, len(shape)), fill=-0.0)
+        vid = b.apply(Op.ADD, kept, other)
+    return _finish(b, eqn, vid, shape)
+
+
 def _clamp(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
     lo, x, hi = eqn.invars
     shape = _out_shape(eqn)
@@ -312,6 +337,7 @@ RULES: dict[str, Rule] = {
     "log": _log,
     "integer_pow": _integer_pow,
     "clamp": _clamp,
+    "select_n": _select_n,
     "reduce_sum": _reduce("sum"),
     "reduce_max": _reduce("max"),
     "reduce_min": _reduce("min"),

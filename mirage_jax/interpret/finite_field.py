@@ -404,6 +404,23 @@ class FieldSystem(NumberSystem):
     def erfc(self, x):
         return self._uninterpreted(x, "erfc")
 
+    def where(self, m, x, fill, keep):
+        # masks are 0/1 in the field: m x + (1 - m) c, exact; a non-finite fill is a fixed
+        # element of its own (no rational image)
+        p, q = self.f.p, self.f.q
+        sel = m if keep else FFTensor((1 - m.a) % p, None if m.b is None else (1 - m.b) % q)
+        cp, cq = self._fill(fill)
+        a = (sel.a * x.a + (1 - sel.a) % p * cp) % p
+        b = None if sel.b is None or x.b is None else (sel.b * x.b + (1 - sel.b) % q * cq) % q
+        return FFTensor(a, b)
+
+    def _fill(self, fill: float) -> tuple[int, int]:
+        if np.isfinite(fill):
+            return self.f.const(fill)
+        tag = _tag(f"fill:{fill!r}", self.f.seed)
+        with np.errstate(over="ignore"):
+            return int(tag) % self.f.p, int(_mix(tag)) % self.f.q
+
     # max: lexicographic on signed representatives
     def _key(self, x: FFTensor, with_q: bool) -> np.ndarray:
         key = _signed(x.a, self.f.p)
@@ -432,9 +449,9 @@ def random_inputs(
 ) -> list[FFTensor]:  # fmt: skip
     """Uniform random field tensors of the given types, drawn from ``rng`` in order."""
     rng = rng if rng is not None else np.random.default_rng()
-    # uint32 draws are several times faster than int64 ones, and p < 2^31 fits
-    return [FFTensor(rng.integers(0, field.p, t.shape, dtype=np.uint32).astype(np.int64),
-                     rng.integers(0, field.q, t.shape, dtype=np.uint32).astype(np.int64))
+    # uint32 draws are several times faster than int64 ones, and p < 2^31 fits; a mask is 0/1
+    return [FFTensor(*(rng.integers(0, 2 if t.dtype is DType.BOOL else m, t.shape,
+                                    dtype=np.uint32).astype(np.int64) for m in (field.p, field.q)))
             for t in types]  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from mirage_jax.ir.types import TensorType
+from mirage_jax.ir.types import DType, TensorType
 
 # Relative tolerance of an output element, by dtype (``output_error`` says relative to what).
 FLOAT_TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-9}
@@ -26,6 +26,9 @@ def sample_inputs(types: Sequence[TensorType], seed: int = 0, std: float = 1.0
     rng = np.random.default_rng([seed, 0xF10A7])
     out = []
     for t in types:
+        if t.dtype is DType.BOOL:
+            out.append(rng.random(t.shape) < 0.6)  # a mask: most kept, many masked
+            continue
         x = std * rng.standard_normal(t.shape)
         if t.rank == 1 or (t.rank >= 2 and all(s == 1 for s in t.shape[:-1])):
             x = 1.0 + 0.1 * x / std
@@ -40,6 +43,9 @@ def spread_inputs(types: Sequence[TensorType], seed: int = 0) -> list[np.ndarray
     rng = np.random.default_rng([seed, 0x5B12EAD])
     out = []
     for t in types:
+        if t.dtype is DType.BOOL:
+            out.append(rng.random(t.shape) < 0.6)
+            continue
         decades = 2.0 if t.dtype.itemsize < 4 else 6.0
         mag = 10.0 ** rng.uniform(-decades, decades, t.shape)
         out.append((rng.choice([-1.0, 1.0], t.shape) * mag).astype(t.dtype.numpy))

@@ -71,6 +71,9 @@ class FloatSystem(NumberSystem):
     def concat(self, xs, axis):
         return np.concatenate(xs, axis)
 
+    def where(self, m, x, fill, keep):
+        return np.where((np.asarray(m) != 0) == keep, x, np.asarray(fill, np.asarray(x).dtype))
+
     def input(self, x: Any, type_: TensorType, what: str) -> np.ndarray:
         arr = np.asarray(x)
         if arr.shape != type_.shape:
@@ -78,6 +81,8 @@ class FloatSystem(NumberSystem):
                 f"{what} has shape {arr.shape} but the graph expects {type_}",
                 remedy="pass arrays whose shapes match the graph's input types",
             )
+        if type_.dtype is DType.BOOL:
+            return arr.astype(bool, copy=False)
         return arr.astype(np.float64 if self.float64 else type_.dtype.numpy, copy=False)
 
     def finish(self, x: np.ndarray, dtype: DType) -> np.ndarray:

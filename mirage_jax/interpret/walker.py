@@ -31,6 +31,7 @@ from mirage_jax.ir.ops import (
     BINARY,
     GELU_C,
     GELU_K,
+    MASKED,
     NONE_DIM,
     REDUCTIONS,
     SCALAR_UNARY,
@@ -58,6 +59,11 @@ class NumberSystem(ABC):
 
     @abstractmethod
     def shape(self, x: Any) -> tuple[int, ...]: ...
+
+    @abstractmethod
+    def where(self, m: Any, x: Any, fill: float, keep: bool) -> Any:
+        """``x`` where the mask ``m`` holds (``keep``) or does not (not ``keep``), else
+        ``fill`` (broadcasting)."""
 
     @abstractmethod
     def stack(self, xs: Sequence[Any], axis: int) -> Any: ...
@@ -221,6 +227,10 @@ def _scalar(name: str, op: Op) -> OpFn:
     return lambda ns, xs, attrs, lead: getattr(ns, name)(xs[0], attrs[attr])
 
 
+def _where(keep: bool) -> OpFn:
+    return lambda ns, xs, attrs, lead: ns.where(xs[0], xs[1], attrs["fill"], keep)
+
+
 def _concat(ns: NumberSystem, xs: list[Any], attrs: dict[str, Any], lead: int) -> Any:
     # block-level operands may be replicated (size 1) along different block axes
     sa, sb = ns.shape(xs[0]), ns.shape(xs[1])
@@ -251,7 +261,9 @@ _OPERATOR = {Op.MAX: "maximum", Op.MUL_SCALAR: "scale", Op.ADD_SCALAR: "shift"}
 OP_TABLE: dict[Op, OpFn] = {
     **{op: _unary(op.value) for op in Op if op in UNARY - SCALAR_UNARY},
     **{op: _scalar(_OPERATOR.get(op, op.value), op) for op in Op if op in SCALAR_UNARY},
-    **{op: _binary(_OPERATOR.get(op, op.value)) for op in Op if op in BINARY},
+    **{op: _binary(_OPERATOR.get(op, op.value)) for op in Op if op in BINARY - MASKED},
+    Op.WHERE: _where(True),
+    Op.WHERE_NOT: _where(False),
     **{op: _reduction(op.value) for op in Op if op in REDUCTIONS},
     Op.MATMUL: _binary("matmul"),
     Op.CONCAT: _concat,

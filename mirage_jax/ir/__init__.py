@@ -22,6 +22,7 @@ from mirage_jax.ir.ops import (
     BINARY,
     ELEMENTWISE,
     LAYOUT,
+    MASKED,
     NONE_DIM,
     OP_INFO,
     REDUCTIONS,
@@ -32,10 +33,11 @@ from mirage_jax.ir.ops import (
 )
 from mirage_jax.ir.shapes import BlockContext
 from mirage_jax.ir.text import fingerprint, parse, rebuild, to_text
-from mirage_jax.ir.types import BF16, F16, F32, F64, DType, TensorType
+from mirage_jax.ir.types import BF16, BOOL, F16, F32, F64, DType, TensorType
 
 __all__ = [
-    "ACCUMULATORS", "BF16", "BINARY", "ELEMENTWISE", "F16", "F32", "F64", "LAYOUT", "NONE_DIM",
+    "ACCUMULATORS", "BF16", "BINARY", "BOOL", "ELEMENTWISE", "F16", "F32", "F64", "LAYOUT",
+    "MASKED", "NONE_DIM",
     "OP_INFO", "REDUCTIONS", "SCALAR_UNARY", "UNARY", "BlockBuilder", "BlockContext",
     "BlockGraph", "DType", "Graph", "KernelBuilder", "KernelGraph", "Level", "Node", "Op",
     "Phase", "TensorType", "ThreadBuilder", "ThreadGraph", "Value", "copy_into", "fingerprint",

@@ -75,6 +75,10 @@ class Op(enum.Enum):
     MUL = "mul"
     DIV = "div"
     MAX = "max"
+    # where(m, x): x where the bool mask m holds, else the scalar fill (jnp.where with a
+    # constant; masks of attention); where_not: x where m does not hold
+    WHERE = "where"
+    WHERE_NOT = "where_not"
     # reductions over one dim, rank kept (the dim becomes 1)
     REDUCE_SUM = "reduce_sum"
     REDUCE_MAX = "reduce_max"
@@ -234,6 +238,11 @@ def _info() -> dict[Op, OpInfo]:
         Op.DIV: binary("Div", "mul(x, inv(y))", "quotient", element_flops=1.25,
                        transcendental=True, trivial_on_itself=True),
         Op.MAX: binary("Max", "max(x, y)", "fresh", commutative=True, trivial_on_itself=True),
+        # in the field, m y + (1 - m) fill over a 0/1 mask; to the abstraction a new value of y
+        Op.WHERE: binary("Where", "fn[where](y)", "product", attrs={"fill": REQUIRED},
+                         scalar_attr="fill"),
+        Op.WHERE_NOT: binary("WhereNot", "fn[where_not](y)", "product",
+                             attrs={"fill": REQUIRED}, scalar_attr="fill"),
         Op.REDUCE_SUM: reduction("sum[dim](x)", "same", (Op.ACC_SUM,)),
         Op.REDUCE_MAX: reduction("rmax[dim](x)", "fresh", (Op.ACC_MAX, Op.ACC_RESCALE_SUM)),
         Op.REDUCE_MEAN: reduction("mean[dim](x)", "same", (Op.ACC_MEAN,)),
@@ -276,6 +285,7 @@ STRUCTURE = ops_in(Group.STRUCTURE)
 UNARY = ops_in(Group.UNARY)
 SCALAR_UNARY = frozenset(op for op in UNARY if OP_INFO[op].scalar_attr)
 BINARY = ops_in(Group.BINARY)
+MASKED = frozenset({Op.WHERE, Op.WHERE_NOT})  # binary ops whose first operand is a bool mask
 ELEMENTWISE = UNARY | BINARY
 REDUCTIONS = ops_in(Group.REDUCTION)
 ACCUMULATORS = ops_in(Group.ACCUMULATOR)

@@ -16,6 +16,7 @@ from mirage_jax.errors import GraphError
 from mirage_jax.ir.ops import (
     ACCUMULATORS,
     BINARY,
+    MASKED,
     NONE_DIM,
     REDUCTIONS,
     UNARY,
@@ -178,6 +179,11 @@ def infer(
     arity = op.info.arity
     if arity is not None and len(ins) != arity:
         raise _fail(op, f"takes {arity} operand(s), got {len(ins)}")
+    if op in MASKED:
+        return (_masked(op, *ins),)
+    if op not in _TAKES_MASKS and any(t.dtype is DType.BOOL for t in ins):
+        raise _fail(op, f"takes no bool operand: {', '.join(map(str, ins))}",
+                    "bool tensors are masks: the first operand of where / where_not")  # fmt: skip
     if op in UNARY:
         return (ins[0],)
     if op in BINARY:
@@ -188,6 +194,27 @@ def infer(
     if op in ACCUMULATORS:
         return _accumulator(op, ins, attrs)
     return _SPECIAL[op](op, ins, attrs, ctx)
+
+
+def masked_dtype(op: Op, dtypes: tuple[DType, ...]) -> DType | None:
+    """The result dtype of an elementwise op over operands of ``dtypes``, or None where the
+    enumerator must not build it (mixed dtypes; a bool anywhere but a mask's place)."""
+    if op in MASKED:
+        return dtypes[1] if dtypes[0] is DType.BOOL and dtypes[1] is not DType.BOOL else None
+    if DType.BOOL in dtypes or len(set(dtypes)) != 1:
+        return None
+    return dtypes[0]
+
+
+def _masked(op: Op, m: TensorType, x: TensorType) -> TensorType:
+    if m.dtype is not DType.BOOL or x.dtype is DType.BOOL:
+        raise _fail(op, f"takes a bool mask and a float value, got {m} and {x}")
+    return _broadcast(op, TensorType(m.shape, x.dtype), x)
+
+
+# ops whose operands may be bool: a mask's way from a region input to a where (no op computes
+# a bool, and none is an output)
+_TAKES_MASKS = frozenset({Op.RESHAPE, Op.INPUT_ITER, Op.GRAPH_DEF, Op.THREAD})
 
 
 def _accumulator(

@@ -19,17 +19,20 @@ class DType(enum.Enum):
     BF16 = "bf16"
     F32 = "f32"
     F64 = "f64"
+    # a mask: the predicate operand of WHERE / WHERE_NOT only (a region input, never computed)
+    BOOL = "bool"
 
     @property
     def itemsize(self) -> int:
-        return {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}[self.value]
+        return {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "bool": 1}[self.value]
 
     @property
     def numpy(self) -> np.dtype:
         """The numpy dtype holding values of this type (bf16 via ml_dtypes, which jax ships)."""
         if self is DType.BF16:
             return np.dtype(ml_dtypes.bfloat16)
-        return np.dtype({"f16": np.float16, "f32": np.float32, "f64": np.float64}[self.value])
+        return np.dtype({"f16": np.float16, "f32": np.float32, "f64": np.float64,
+                         "bool": np.bool_}[self.value])  # fmt: skip
 
     @classmethod
     def from_numpy(cls, dtype: object) -> DType:
@@ -44,7 +47,7 @@ class DType(enum.Enum):
         return table[name]
 
 
-F16, BF16, F32, F64 = DType.F16, DType.BF16, DType.F32, DType.F64
+F16, BF16, F32, F64, BOOL = DType.F16, DType.BF16, DType.F32, DType.F64, DType.BOOL
 
 
 @dataclass(frozen=True)

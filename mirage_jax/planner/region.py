@@ -200,7 +200,7 @@ def _decide(plan: RegionPlan, program: Any, region: Any, options: Any, backend: 
     impl = backend.compile(plan.graph)
     xla = program.region_callable(region.index)
     # on the device: timing numpy arguments would time the host-to-device copy
-    args = device_args(sample_inputs(region.graph.input_types, seed=region.index))
+    args = device_args(region.sample_inputs(seed=region.index))
     if options.verify:
         _verify(impl, xla, args)
     # Timed even when speed is not required, so explain can report the ratio.

@@ -24,7 +24,7 @@ from typing import Any
 
 from mirage_jax.errors import SearchError
 from mirage_jax.ir.graph import KernelGraph
-from mirage_jax.ir.ops import ACCUMULATORS, COMPUTE, LAYOUT, SCALAR_UNARY, Op
+from mirage_jax.ir.ops import ACCUMULATORS, COMPUTE, LAYOUT, Op
 
 
 def _frozen_ops(ops: Any, what: str) -> frozenset[Op] | None:
@@ -196,7 +196,7 @@ def _default_block_ops(target: KernelGraph) -> frozenset[Op]:
 def _scalars(target: KernelGraph) -> dict[Op, tuple[float, ...]]:
     found: dict[Op, set[float]] = {}
     for n in target.nodes:
-        if n.op in SCALAR_UNARY:
+        if n.op.info.scalar_attr:  # scalar ops' constants and masks' fills
             found.setdefault(n.op, set()).add(float(n.attr(n.op.info.scalar_attr)))
     return {op: tuple(sorted(v)) for op, v in sorted(found.items(), key=lambda kv: kv[0].value)}
 

@@ -67,7 +67,16 @@ struct f16 {
   MJ_INLINE operator float() const { return static_cast<float>(value); }
 };
 
-// The type an element of type T is computed in: float for the half types, else T itself.
+// A mask element (jax's bool: one byte, 0 or 1): read as 0.0f or 1.0f, computed in float like
+// the half types; only where / where_not read it.
+struct mask8 {
+  std::uint8_t bits;
+  mask8() = default;
+  MJ_INLINE mask8(float f) : bits(f != 0.0f) {}
+  MJ_INLINE operator float() const { return bits ? 1.0f : 0.0f; }
+};
+
+// The type an element of type T is computed in: float for the narrow types, else T itself.
 template <class T>
 struct Compute {
   using type = T;
@@ -78,6 +87,10 @@ struct Compute<bf16> {
 };
 template <>
 struct Compute<f16> {
+  using type = float;
+};
+template <>
+struct Compute<mask8> {
   using type = float;
 };
 template <class T>

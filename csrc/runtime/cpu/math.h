@@ -355,6 +355,23 @@ MJ_BINARY(Div, a / b)
 MJ_BINARY(Max, fm::max_nan(a, b))
 #undef MJ_BINARY
 
+// x where the mask m (0 or 1) holds, else the fill c; WhereNot: where it does not hold. The
+// mask reads as float: in a double graph m and x differ in type (scalar path only).
+struct Where {
+  double c;
+  template <class M, class T>
+  MJ_INLINE T operator()(M m, T x) const {
+    return m != lane_t<M>(0) ? x : splat<T>(lane_t<T>(c));
+  }
+};
+struct WhereNot {
+  double c;
+  template <class M, class T>
+  MJ_INLINE T operator()(M m, T x) const {
+    return m == lane_t<M>(0) ? x : splat<T>(lane_t<T>(c));
+  }
+};
+
 // Element type conversion. Fused loops containing a cast run their scalar path (ScalarOnly).
 template <class To>
 struct Cast {

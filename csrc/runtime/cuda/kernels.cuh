@@ -24,11 +24,11 @@ __global__ void __launch_bounds__(256) k_unary(TO* __restrict__ out, const TI* _
 
 template <class Op, class LO, class LA, class LB, class TO, class TA, class TB>
 __global__ void __launch_bounds__(256) k_binary(TO* __restrict__ out, const TA* __restrict__ a,
-                                                const TB* __restrict__ b) {
+                                                const TB* __restrict__ b, double s) {
   using C = compute_t<TO, TA, TB>;
   for (int i = global_tid(); i < LO::size; i += global_threads()) {
     out[i] = cvt<TO>(Op::template f<C>(cvt<C>(a[bcast_offset<LO, LA>(i)]),
-                                       cvt<C>(b[bcast_offset<LO, LB>(i)])));
+                                       cvt<C>(b[bcast_offset<LO, LB>(i)]), C(s)));
   }
 }
 

@@ -46,12 +46,14 @@ struct RoundTo {
   }
 };
 
-#define MJ_BINARY(Name, expr)       \
-  struct Name {                     \
-    template <class C>              \
-    MJ_HD static C f(C a, C b) {    \
-      return (expr);                \
-    }                               \
+// `s` as for the unary ops: where's fill, ignored by the others.
+#define MJ_BINARY(Name, expr)            \
+  struct Name {                          \
+    template <class C>                   \
+    MJ_HD static C f(C a, C b, C s) {    \
+      (void)s;                           \
+      return (expr);                     \
+    }                                    \
   };
 
 MJ_BINARY(Add, a + b)
@@ -59,6 +61,9 @@ MJ_BINARY(Sub, a - b)
 MJ_BINARY(Mul, a* b)
 MJ_BINARY(Div, a / b)
 MJ_BINARY(Max, m_max(a, b))
+// a: the mask (0 or 1), b: the value
+MJ_BINARY(Where, a != C(0) ? b : s)
+MJ_BINARY(WhereNot, a == C(0) ? b : s)
 #undef MJ_BINARY
 
 }  // namespace mj::op

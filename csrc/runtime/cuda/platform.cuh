@@ -78,6 +78,7 @@ MJ_HD float to_f(float x) { return x; }
 MJ_HD float to_f(double x) { return static_cast<float>(x); }
 MJ_HD float to_f(half x) { return __half2float(x); }
 MJ_HD float to_f(bf16 x) { return __bfloat162float(x); }
+MJ_HD float to_f(bool x) { return x ? 1.0f : 0.0f; }  // a mask (where / where_not only)
 
 template <class To>
 MJ_HD To from_f(float x);

@@ -98,12 +98,13 @@ MJ_DEV void unary(TO* __restrict__ out, const TI* __restrict__ in, double s) {
 }
 
 template <class Op, int NT, class LO, class LA, class LB, class TO, class TA, class TB>
-MJ_DEV void binary(TO* __restrict__ out, const TA* __restrict__ a, const TB* __restrict__ b) {
+MJ_DEV void binary(TO* __restrict__ out, const TA* __restrict__ a, const TB* __restrict__ b,
+                   double s) {
   using C = compute_t<TO, TA, TB>;
   for (int i = thread_id(); i < LO::size; i += NT) {
     const C x = cvt<C>(a[bcast_offset<LO, LA>(i)]);
     const C y = cvt<C>(b[bcast_offset<LO, LB>(i)]);
-    out[i] = cvt<TO>(Op::template f<C>(x, y));
+    out[i] = cvt<TO>(Op::template f<C>(x, y, C(s)));
   }
 }
 

@@ -52,8 +52,11 @@ from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase, ThreadGrap
 from mirage_jax.ir.ops import ACCUMULATORS, ELEMENTWISE, NONE_DIM, REDUCTIONS, Op
 from mirage_jax.ir.types import DType, TensorType
 
-_CTYPE = {DType.F32: "float", DType.F64: "double", DType.BF16: "mj::bf16", DType.F16: "mj::f16"}
+_CTYPE = {DType.F32: "float", DType.F64: "double", DType.BF16: "mj::bf16", DType.F16: "mj::f16",
+          DType.BOOL: "mj::mask8"}  # fmt: skip
 _HALF = frozenset({DType.BF16, DType.F16})
+# stored narrow, computed in float: the half types and masks (a mask reads as 0 or 1)
+_NARROW = _HALF | {DType.BOOL}
 _ALIGN = 64
 _KERNEL_PARAMS = "const void* const* inputs, void* const* outputs, const mj_pool* pool"
 # Tiles of one block beyond this many bytes go to thread-local storage instead of the stack.
@@ -93,7 +96,7 @@ def reads_in_place(block: BlockGraph, value: int) -> bool:
     it (they stream it from the tensor) and it is not half-precision (converted as it is
     copied). The cost model prices tiles by the same rule."""
     users = block.users(value)
-    if block.types[value].dtype in _HALF:
+    if block.types[value].dtype in _NARROW:
         return False
     return bool(users) and all(u.op is Op.MATMUL for u in users)
 
@@ -152,12 +155,12 @@ def _ctype(t: TensorType, op: Op) -> str:
 
 def _compute_ctype(t: TensorType, op: Op) -> str:
     """The C++ element type ``t`` is computed in: float for the half types (tiles, scratch)."""
-    return "float" if t.dtype in _HALF else _ctype(t, op)
+    return "float" if t.dtype in _NARROW else _ctype(t, op)
 
 
 def _tile_bytes(t: TensorType) -> int:
     """Bytes of a tile or scratch tensor of ``t`` (in its compute type)."""
-    return t.size * 4 if t.dtype in _HALF else t.nbytes
+    return t.size * 4 if t.dtype in _NARROW else t.nbytes
 
 
 def _round(t: TensorType) -> str | None:
@@ -181,8 +184,8 @@ def _functor(node: Node, types: tuple[TensorType, ...]) -> str:
     op = node.op
     if op is Op.CAST:
         return _round(types[node.outs[0]]) or f"mj::op::Cast<{_ctype(types[node.outs[0]], op)}>{{}}"
-    if op in (Op.MUL_SCALAR, Op.ADD_SCALAR):
-        return f"{TABLE[op].functor}{{{_literal(node.attr('scalar'))}}}"
+    if op in (Op.MUL_SCALAR, Op.ADD_SCALAR, Op.WHERE, Op.WHERE_NOT):
+        return f"{TABLE[op].functor}{{{_literal(node.attr(op.info.scalar_attr))}}}"
     if op is Op.POW_SCALAR:
         e = node.attr("exponent")
         if float(e).is_integer() and abs(e) <= 64:
@@ -240,7 +243,7 @@ class _KernelEmitter(KernelEmitter):
         # a half-precision output that other ops read too: they read it unrounded (as XLA's
         # multi-output fusions do), so it is computed in float and rounded as it is copied
         users = [u for u in self.g.users(v) if u.op is not Op.OUTPUT]
-        return self.g.types[v].dtype not in _HALF or not users
+        return self.g.types[v].dtype not in _NARROW or not users
 
     def _stored(self, v: int) -> str:
         """The C++ element type of v's memory: its dtype's in the kernel's own buffers (inputs,
@@ -471,7 +474,7 @@ class _BlockEmitter:
                 op_group(p.op) in _DIRECT_WRITERS
                 and len(g.users(v)) == 1
                 and v not in self.fused_acc
-                and g.types[v].dtype not in _HALF  # computed in float, stored converted
+                and g.types[v].dtype not in _NARROW  # computed in float, stored converted
                 and is_contiguous_tile(g.types[v].shape, g.output_types[k].shape)
             ):
                 self.direct_out[v] = k
@@ -514,7 +517,7 @@ class _BlockEmitter:
             if reads_in_place(g, v):
                 self.name[v] = f"t{v}"
                 stmt = f"const auto t{v} = mj::tile_ref{tmpl}, {tile}>(in{arg}, b, {it});"
-            elif g.types[v].dtype not in _HALF and is_contiguous_tile(g.types[v].shape, full):
+            elif g.types[v].dtype not in _NARROW and is_contiguous_tile(g.types[v].shape, full):
                 self.name[v] = f"t{v}"
                 stmt = f"const auto t{v} = mj::tile_view{tmpl}, {tile}>(in{arg}, b, {it});"
             else:

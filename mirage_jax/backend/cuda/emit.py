@@ -57,10 +57,11 @@ from mirage_jax.backend.emit import (
 )
 from mirage_jax.errors import CompileError
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, ThreadGraph
-from mirage_jax.ir.ops import ACCUMULATORS, BINARY, NONE_DIM, SCALAR_UNARY, UNARY, Op
+from mirage_jax.ir.ops import ACCUMULATORS, BINARY, NONE_DIM, UNARY, Op
 from mirage_jax.ir.types import DType, TensorType
 
-_FFI_DTYPE = {DType.F16: "F16", DType.BF16: "BF16", DType.F32: "F32", DType.F64: "F64"}
+_FFI_DTYPE = {DType.F16: "F16", DType.BF16: "BF16", DType.F32: "F32", DType.F64: "F64",
+              DType.BOOL: "PRED"}  # fmt: skip
 
 SCRATCH_ALIGN = 256
 # Per-block shared-memory limit of sm_80 .. sm_90 (227 KiB opt-in; 48 KiB without opting in).
@@ -122,8 +123,8 @@ def _literal(x: float) -> str:
 
 
 def _scalar(node: Node) -> str:
-    """The scalar operand of a unary functor: the op's scalar attribute, else unused."""
-    if node.op in SCALAR_UNARY:
+    """The scalar operand of an elementwise functor: the op's scalar attribute, else unused."""
+    if node.op.info.scalar_attr:
         return _literal(node.attr(node.op.info.scalar_attr))
     return "0.0"
 
@@ -355,15 +356,17 @@ class _BlockEmitter:
             f = f"mj::op::RoundTo<{target}>"  # an f16/bf16 value kept in a float tile
         return [f"mj::unary<{f}, NT, {L}>(v{v}, v{n.ins[0]}, {_scalar(n)});", "__syncthreads();"]
 
-    def _two_operands(self, n: Node, template: str, tail: str = "") -> list[str]:
-        """``template<out shape, a shape, b shape tail>(out, a, b)``; ``template`` ends with
-        its leading arguments (``mj::binary<F, NT, ``)."""
+    def _two_operands(self, n: Node, template: str, tail: str = "", scalar: str = ""
+                      ) -> list[str]:  # fmt: skip
+        """``template<out shape, a shape, b shape tail>(out, a, b[, scalar])``; ``template``
+        ends with its leading arguments (``mj::binary<F, NT, ``)."""
         v, (a, b) = n.outs[0], n.ins
         shapes = ", ".join(_shape(self.g.types[x].shape) for x in (v, a, b))
-        return [f"{template}{shapes}{tail}>(v{v}, v{a}, v{b});", "__syncthreads();"]
+        args = ", ".join([f"v{v}", f"v{a}", f"v{b}", *([scalar] if scalar else [])])
+        return [f"{template}{shapes}{tail}>({args});", "__syncthreads();"]
 
     def _binary(self, n: Node) -> list[str]:
-        return self._two_operands(n, f"mj::binary<{_functor(n.op)}, NT, ")
+        return self._two_operands(n, f"mj::binary<{_functor(n.op)}, NT, ", scalar=_scalar(n))
 
     def _reduce(self, n: Node) -> list[str]:
         v, x = n.outs[0], n.ins[0]
@@ -411,7 +414,7 @@ class _BlockEmitter:
                 dt = tg.types[t].dtype
                 expr = f"mj::cvt<{c}>(mj::cvt<{CTYPE[dt]}>({args[0]}))"
             elif tn.op in BINARY:
-                expr = f"{_functor(tn.op)}::f<{c}>({args[0]}, {args[1]})"
+                expr = f"{_functor(tn.op)}::f<{c}>({args[0]}, {args[1]}, {c}({_scalar(tn)}))"
             elif tn.op in UNARY:
                 expr = f"{_functor(tn.op)}::f<{c}>({args[0]}, {c}({_scalar(tn)}))"
             else:
@@ -601,7 +604,7 @@ class _KernelEmitter(KernelEmitter):
             shapes = ", ".join(_shape(g.types[x].shape) for x in (v, a, b))
             kernel = (f"mj::k_binary<{_functor(node.op)}, {shapes}, {self._ct(v)}, {self._ct(a)}, "
                       f"{self._ct(b)}>")  # fmt: skip
-            args = [f"t{v}", f"t{a}", f"t{b}"]
+            args = [f"t{v}", f"t{a}", f"t{b}", _scalar(node)]
         else:
             x = node.ins[0]
             kernel = (f"mj::k_unary<{_functor(node.op)}, {_shape(t.shape)}, {self._ct(v)}, "

@@ -19,8 +19,9 @@ from mirage_jax.ir.graph import BlockGraph, Node, Phase
 from mirage_jax.ir.ops import ACCUMULATORS, Op
 from mirage_jax.ir.types import DType
 
-CTYPE = {DType.F16: "mj::half", DType.BF16: "mj::bf16", DType.F32: "float", DType.F64: "double"}
-ELEM_BYTES = {"mj::half": 2, "mj::bf16": 2, "float": 4, "double": 8}  # by storage type
+CTYPE = {DType.F16: "mj::half", DType.BF16: "mj::bf16", DType.F32: "float", DType.F64: "double",
+         DType.BOOL: "bool"}  # fmt: skip
+ELEM_BYTES = {"mj::half": 2, "mj::bf16": 2, "float": 4, "double": 8, "bool": 1}  # by storage
 _HALF = (DType.F16, DType.BF16)
 SMEM_ALIGN = 16
 # Accumulator registers per thread above which a block graph gets more threads.

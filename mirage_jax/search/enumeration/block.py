@@ -14,7 +14,7 @@ from typing import Any
 
 from mirage_jax.errors import GraphError, SearchError
 from mirage_jax.ir.ops import Op
-from mirage_jax.ir.shapes import BlockContext, infer
+from mirage_jax.ir.shapes import BlockContext, infer, masked_dtype
 from mirage_jax.ir.types import TensorType
 from mirage_jax.search import abstract
 from mirage_jax.search.enumeration.block_moves import (
@@ -272,8 +272,8 @@ class BlockDFS:
     def _evaluate_fresh(self, op, ins, attrs, shape, st) -> tuple | str:
         """``_evaluate``'s answer, or the name of the counter of the check that drops it."""
         vals = self.values
-        dtype = vals.types[ins[0]].dtype
-        if any(vals.types[i].dtype != dtype for i in ins):
+        dtype = masked_dtype(op, tuple(vals.types[i].dtype for i in ins))
+        if dtype is None:
             return "pruned_index"
         try:
             lab = self._index_step(op, ins, attrs, shape, body=st in (1, 2))

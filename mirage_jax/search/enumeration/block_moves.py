@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Collection, Container, Iterator, Sequence
 from typing import Any
 
-from mirage_jax.ir.ops import ACCUMULATORS, BINARY, REDUCTIONS, Op
+from mirage_jax.ir.ops import ACCUMULATORS, REDUCTIONS, Op
 from mirage_jax.ir.types import TensorType
 from mirage_jax.search.enumeration.rules import (
     BODY,
@@ -21,6 +21,7 @@ from mirage_jax.search.enumeration.rules import (
     TRIVIAL_ON_ITSELF,
     N,
     bcast,
+    binary_vocabulary,
     concat_shape,
     matmul_shape,
     reduced,
@@ -35,7 +36,7 @@ def block_vocabulary(space: Any) -> dict[str, Any]:
     return {
         "unary": unary_vocabulary(ops, space.scalars),
         "reduce": [op for op in ops if op in REDUCTIONS],
-        "binary": [op for op in ops if op in BINARY],
+        "binary": binary_vocabulary(ops, space.scalars),
         "matmul": Op.MATMUL in ops,
         "concat": Op.CONCAT in ops,
         "acc": [op for op in ops if op in ACCUMULATORS],
@@ -101,7 +102,7 @@ def _unary_moves(ops: dict[str, Any], types: Sequence[TensorType], must: Collect
 
 def _binary_moves(ops: dict[str, Any], types: Sequence[TensorType], pool: list[int],
                   must: Collection[int]) -> Iterator[tuple]:  # fmt: skip
-    for op in ops["binary"]:
+    for op, attr_sets in ops["binary"]:
         comm = op in COMMUTATIVE
         for u in pool:
             for v in pool:
@@ -111,7 +112,8 @@ def _binary_moves(ops: dict[str, Any], types: Sequence[TensorType], pool: list[i
                     continue
                 s = bcast(types[u].shape, types[v].shape)
                 if s is not None:
-                    yield op, (u, v), (), s
+                    for attrs in attr_sets:
+                        yield op, (u, v), attrs, s
 
 
 def _matmul_moves(ops: dict[str, Any], types: Sequence[TensorType], pool: list[int],

@@ -10,7 +10,8 @@ from typing import Any
 
 from mirage_jax.errors import GraphError
 from mirage_jax.ir.graph import BlockGraph, KernelBuilder, KernelGraph
-from mirage_jax.ir.ops import ACCUMULATORS, BINARY, REDUCTIONS, Op
+from mirage_jax.ir.ops import ACCUMULATORS, REDUCTIONS, Op
+from mirage_jax.ir.shapes import masked_dtype
 from mirage_jax.ir.types import TensorType
 from mirage_jax.search import abstract
 from mirage_jax.search.enumeration.counters import Counters, Stop
@@ -27,6 +28,7 @@ from mirage_jax.search.enumeration.rules import (
     Shape,
     attr_key,
     bcast,
+    binary_vocabulary,
     matmul_shape,
     prod,
     reduced,
@@ -226,8 +228,8 @@ class KernelDFS:
             key = (OP_RANK[op], attr_key(attrs), ins)
             if not (key > last_key or last_out in ins) or (op, attrs, ins) in self.sigs:
                 continue
-            dtype = self.types[ins[0]].dtype
-            if any(self.types[i].dtype != dtype for i in ins):
+            dtype = masked_dtype(op, tuple(self.types[i].dtype for i in ins))
+            if dtype is None:
                 continue
             lab = None
             if self.index is not None:
@@ -261,7 +263,7 @@ def _unary_candidates(ops: dict[str, Any], shp: list[Shape], vals: range) -> Ite
 
 
 def _binary_candidates(ops: dict[str, Any], shp: list[Shape], vals: range) -> Iterator[tuple]:
-    for op in ops["binary"]:
+    for op, attr_sets in ops["binary"]:
         comm = op in COMMUTATIVE
         for u in vals:
             for v in vals:
@@ -269,7 +271,8 @@ def _binary_candidates(ops: dict[str, Any], shp: list[Shape], vals: range) -> It
                     continue
                 s = bcast(shp[u], shp[v])
                 if s is not None:
-                    yield op, (u, v), (), s
+                    for attrs in attr_sets:
+                        yield op, (u, v), attrs, s
     if ops["matmul"]:
         for u in vals:
             for v in vals:
@@ -299,7 +302,7 @@ def _kernel_vocabulary(space: Any) -> dict[str, Any]:
     return {
         "unary": unary_vocabulary(ops, space.scalars),
         "reduce": [op for op in ops if op in REDUCTIONS],
-        "binary": [op for op in ops if op in BINARY],
+        "binary": binary_vocabulary(ops, space.scalars),
         "matmul": Op.MATMUL in ops,
         "reshape": space.reshapes if Op.RESHAPE in ops else (),
         "transpose": space.perms if Op.TRANSPOSE in ops else (),

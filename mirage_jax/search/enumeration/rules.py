@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mirage_jax.ir.ops import NONE_DIM, SCALAR_UNARY, UNARY, Op
+from mirage_jax.ir.ops import BINARY, MASKED, NONE_DIM, SCALAR_UNARY, UNARY, Op
 
 OP_RANK: dict[Op, int] = {op: i for i, op in enumerate(Op)}
 COMMUTATIVE = frozenset(op for op in Op if op.info.commutative)
@@ -101,3 +101,19 @@ def unary_vocabulary(
         elif op in UNARY:
             unary.append((op, [()]))
     return unary
+
+
+def binary_vocabulary(
+    ops: Iterable[Op], scalars: Mapping[Op, tuple[float, ...]]
+) -> list[tuple[Op, list[Attrs]]]:
+    """(op, attribute sets) for every binary op of ``ops``: a mask op once per fill the target
+    uses (none: left out), any other once without attributes."""
+    binary = []
+    for op in ops:
+        if op in MASKED:
+            fills = scalars.get(op, ())
+            if fills:
+                binary.append((op, [(("fill", v),) for v in fills]))
+        elif op in BINARY:
+            binary.append((op, [()]))
+    return binary
