@@ -144,7 +144,9 @@ def test_flax_linen_apply():
     model = _LinenBlock()
     x = _x(1, 8, D, seed=1)
     params = model.init(jax.random.key(0), x)
-    _check(model.apply, params, x, min_custom=2)
+    # the mask is built by XLA ahead of the block, which is one region
+    report = _check(model.apply, params, x)
+    assert report.startswith("1 region(s)"), report
 
 
 class _EqxMlp(eqx.Module):
