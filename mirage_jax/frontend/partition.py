@@ -24,7 +24,7 @@ from mirage_jax.frontend.builder import (
     tensor_type,
 )
 from mirage_jax.frontend.flatten import FlatJaxpr
-from mirage_jax.frontend.rules import RULES, unsupported_reason
+from mirage_jax.frontend.rules import RULES, tensor_atoms, unsupported_reason
 from mirage_jax.interpret.numerics import sample_inputs
 from mirage_jax.ir import KernelGraph
 
@@ -150,10 +150,9 @@ class _Partitioner:
         mark = b.mark()
         outvars = [v for v in eqn.outvars if not isinstance(v, DropVar)]
         try:
-            # a select's predicate is a bool mask (RegionBuilder.mask); every other operand
-            # must be a tensor a μGraph can hold
-            for atom in (*eqn.invars[name == "select_n":], *outvars):
-                tensor_type(atom.aval)
+            for atom in tensor_atoms(eqn):
+                if not isinstance(atom, DropVar):
+                    tensor_type(atom.aval)
             views = rule(b, eqn)
             for var, view in zip(eqn.outvars, views):
                 self._check(b, var, view)

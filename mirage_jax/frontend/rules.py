@@ -359,6 +359,13 @@ RULES: dict[str, Rule] = {
 CONTROL_FLOW = frozenset({"cond", "while", "scan", "fori_loop", "switch", "custom_linear_solve"})
 
 
+def tensor_atoms(eqn: JaxprEqn) -> tuple[Any, ...]:
+    """The atoms of ``eqn`` that must be μGraph tensors: all of them but a select's predicate,
+    which enters a region as a bool mask (``RegionBuilder.mask``)."""
+    operands = eqn.invars[1:] if eqn.primitive.name == "select_n" else eqn.invars
+    return (*operands, *eqn.outvars)
+
+
 def unsupported_reason(name: str) -> str:
     if name in CONTROL_FLOW:
         return f"control flow ({name}) is not expressible in a μGraph; it stays with XLA"

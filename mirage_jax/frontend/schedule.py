@@ -18,7 +18,7 @@ from jax.extend.core import ClosedJaxpr, JaxprEqn, Var
 
 from mirage_jax.frontend.builder import Unsupported, tensor_type
 from mirage_jax.frontend.flatten import FlatJaxpr
-from mirage_jax.frontend.rules import RULES
+from mirage_jax.frontend.rules import RULES, tensor_atoms
 
 
 def hoist_cuts(flat: FlatJaxpr) -> FlatJaxpr:
@@ -50,9 +50,8 @@ def _stays_with_xla(eqn: JaxprEqn) -> bool:
     μGraph tensor (integers, bools other than a select's predicate)."""
     if eqn.primitive.name not in RULES:
         return True
-    operands = eqn.invars[1:] if eqn.primitive.name == "select_n" else eqn.invars
     try:
-        for atom in (*operands, *eqn.outvars):
+        for atom in tensor_atoms(eqn):
             tensor_type(atom.aval)
     except Unsupported:
         return True

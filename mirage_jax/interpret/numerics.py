@@ -27,13 +27,17 @@ def sample_inputs(types: Sequence[TensorType], seed: int = 0, std: float = 1.0
     out = []
     for t in types:
         if t.dtype is DType.BOOL:
-            out.append(rng.random(t.shape) < 0.6)  # a mask: most kept, many masked
+            out.append(_mask(rng, t))
             continue
         x = std * rng.standard_normal(t.shape)
         if t.rank == 1 or (t.rank >= 2 and all(s == 1 for s in t.shape[:-1])):
             x = 1.0 + 0.1 * x / std
         out.append(x.astype(t.dtype.numpy))
     return out
+
+
+def _mask(rng: np.random.Generator, t: TensorType) -> np.ndarray:
+    return rng.random(t.shape) < 0.6  # most kept, many masked
 
 
 def spread_inputs(types: Sequence[TensorType], seed: int = 0) -> list[np.ndarray]:
@@ -44,7 +48,7 @@ def spread_inputs(types: Sequence[TensorType], seed: int = 0) -> list[np.ndarray
     out = []
     for t in types:
         if t.dtype is DType.BOOL:
-            out.append(rng.random(t.shape) < 0.6)
+            out.append(_mask(rng, t))
             continue
         decades = 2.0 if t.dtype.itemsize < 4 else 6.0
         mag = 10.0 ** rng.uniform(-decades, decades, t.shape)

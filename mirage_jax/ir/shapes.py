@@ -207,9 +207,10 @@ def masked_dtype(op: Op, dtypes: tuple[DType, ...]) -> DType | None:
 
 
 def _masked(op: Op, m: TensorType, x: TensorType) -> TensorType:
-    if m.dtype is not DType.BOOL or x.dtype is DType.BOOL:
+    dtype = masked_dtype(op, (m.dtype, x.dtype))
+    if dtype is None:
         raise _fail(op, f"takes a bool mask and a float value, got {m} and {x}")
-    return _broadcast(op, TensorType(m.shape, x.dtype), x)
+    return _broadcast(op, TensorType(m.shape, dtype), x)
 
 
 # ops whose operands may be bool: a mask's way from a region input to a where (no op computes

@@ -21,7 +21,7 @@ import numpy as np
 from mirage_jax.backend import Backend
 from mirage_jax.errors import MirageError
 from mirage_jax.frontend.partition import pass_label
-from mirage_jax.interpret.numerics import dtype_name, output_error, sample_inputs
+from mirage_jax.interpret.numerics import dtype_name, output_error
 from mirage_jax.ir import KernelGraph, Op
 from mirage_jax.planner import library
 from mirage_jax.planner.cluster import as_executor

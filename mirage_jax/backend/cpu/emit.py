@@ -184,14 +184,14 @@ def _functor(node: Node, types: tuple[TensorType, ...]) -> str:
     op = node.op
     if op is Op.CAST:
         return _round(types[node.outs[0]]) or f"mj::op::Cast<{_ctype(types[node.outs[0]], op)}>{{}}"
-    if op in (Op.MUL_SCALAR, Op.ADD_SCALAR, Op.WHERE, Op.WHERE_NOT):
-        return f"{TABLE[op].functor}{{{_literal(node.attr(op.info.scalar_attr))}}}"
     if op is Op.POW_SCALAR:
         e = node.attr("exponent")
         if float(e).is_integer() and abs(e) <= 64:
             return f"mj::op::PowInt<{int(e)}>{{}}"
         # not Sqrt / Rsqrt for +-0.5: pow(-0, 0.5) is +0 and pow(-inf, 0.5) is +inf
         return f"mj::op::PowScalar{{{_literal(e)}}}"
+    if op.info.scalar_attr:  # the other scalar ops and the masks' fills
+        return f"{TABLE[op].functor}{{{_literal(node.attr(op.info.scalar_attr))}}}"
     return f"{TABLE[op].functor}{{}}"
 
 
