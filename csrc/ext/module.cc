@@ -2,7 +2,8 @@
 //
 // It exposes the one generic XLA FFI dispatcher as a PyCapsule (registered with
 // jax.ffi.register_ffi_target by mirage_jax.runtime), the name -> kernel registry the
-// dispatcher reads, and the CPU ISA probe.  Generated kernels never link against it.
+// dispatcher reads, the CPU ISA probe, and the search's block-level DFS (csrc/search).
+// Generated kernels never link against it.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "dispatch.h"
+#include "search/block_dfs.h"
 
 namespace py = pybind11;
 
@@ -43,4 +45,6 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("cpu_isa", [] { return std::string(mirage_jax::CpuIsa()); },
         "Best ISA this CPU and OS support: 'avx512', 'avx2' or 'generic'.");
+
+  mirage_jax::search::BindBlockSearch(m);
 }

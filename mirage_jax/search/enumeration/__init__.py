@@ -49,7 +49,8 @@ Modules, each importing only those above it::
     block_moves  block-level op proposals
     values       the values of a partial block graph
     saving       completing a partial block graph into skeletons
-    block        the block-level DFS, ``run_block_task``
+    block        the block-level DFS (the reference)
+    native       the same DFS with its hot loop in C++, ``run_block_task``
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ from types import ModuleType
 
 from mirage_jax.search import abstract
 from mirage_jax.search.enumeration import index as _index
-from mirage_jax.search.enumeration.block import run_block_task
 from mirage_jax.search.enumeration.canonical import canonical_block
 from mirage_jax.search.enumeration.counters import Counters
 from mirage_jax.search.enumeration.index import IndexAnalysis
@@ -69,6 +69,7 @@ from mirage_jax.search.enumeration.kernel import (
     build_kernel,
 )
 from mirage_jax.search.enumeration.macros import target_macros
+from mirage_jax.search.enumeration.native import run_block_task
 from mirage_jax.search.enumeration.tasks import (
     BlockResult,
     BlockTask,

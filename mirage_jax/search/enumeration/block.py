@@ -3,7 +3,7 @@
 The DFS adds block ops in canonical order (the package docstring), checking each against the
 operands' phases, the abstract-expression oracle, the index analysis and the values already
 computed; ``block_moves`` proposes the ops, ``values`` holds the partial graph's values and
-``saving`` completes it. ``run_block_task`` is the unit of work the runner hands to executors.
+``saving`` completes it. ``native`` runs the same search with its hot loop in C++.
 """
 
 from __future__ import annotations
@@ -200,28 +200,28 @@ class BlockDFS:
         if BODY in phases and EPI in phases:
             return None
         st = 3 if EPI in phases else 1 if BODY in phases else 0
+        idents = [self.values.ident[self.values.sid[i]] for i in ins]
         try:
-            (t,) = infer(op, tuple(self.values.types[i] for i in ins), dict(attrs), self.ctx)
+            (t,) = infer(op, tuple(x[0] for x in idents), dict(attrs), self.ctx)
         except GraphError:
             return None
         try:
-            lab = self._index_step(op, ins, attrs, t.shape, body=st == 1)
+            lab = self._index_step(op, attrs, idents, t.shape, body=st == 1)
         except Conflict:
             return None
         phase = _PHASE_OF_STAGE[st]
-        term = self._term(op, ins, attrs, t)
+        term = self._term(op, attrs, idents, t)
         if term is None or (self.prune and self.values.redundant(t, term, phase, lab)):
             return None
         key = (st, OP_RANK[op], attr_key(attrs), ins)
         return key, t, term, phase, lab
 
     # -- checks ----------------------------------------------------------------------------
-    def _term(self, op: Op, ins, attrs, t: TensorType, count: bool = True) -> Any | None:
-        """The term of an op's result, or None if the oracle prunes it (counted if ``count``)."""
-        vals = self.values
+    def _term(self, op: Op, attrs, idents, t: TensorType, count: bool = True) -> Any | None:
+        """The term of an op's result on operands of these identities (see ``BlockValues``),
+        or None if the oracle prunes it (counted if ``count``)."""
         term = abstract.abstract_op(
-            op, dict(attrs), [vals.terms[i] for i in ins], [vals.types[i] for i in ins], [t],
-            self.ctx,
+            op, dict(attrs), [x[1] for x in idents], [x[0] for x in idents], [t], self.ctx,
         )[0]  # fmt: skip
         if self.prune and not self.oracle.contains(term):
             if count:
@@ -229,13 +229,12 @@ class BlockDFS:
             return None
         return term
 
-    def _index_step(self, op, ins, attrs, shape, body: bool) -> Any:
+    def _index_step(self, op, attrs, idents, shape, body: bool) -> Any:
         """The index info of an op's result (None with the analysis off); raises Conflict."""
         if not self.use_index:
             return None
-        vals = self.values
-        return self.checker.step(op, attrs, [vals.index[i] for i in ins],
-                                 [vals.types[i].shape for i in ins], shape, body=body)  # fmt: skip
+        return self.checker.step(op, attrs, [x[3] for x in idents],
+                                 [x[0].shape for x in idents], shape, body=body)  # fmt: skip
 
     # -- moves -----------------------------------------------------------------------------
     def _moves(self, stage: int) -> Iterator[tuple]:
@@ -255,13 +254,9 @@ class BlockDFS:
 
     def _evaluate(self, op, ins, attrs, shape, st) -> tuple | None:
         """(type, term, phase, index info, signature) of a proposed op, or None if a check
-        drops it. Memoized on the operands' exact (term, shape, phase, index) identities."""
+        drops it (counted)."""
         sid = self.values.sid
-        mkey = (op, attrs, tuple(sid[i] for i in ins), st)
-        hit = self._memo.get(mkey)
-        if hit is None:
-            hit = self._evaluate_fresh(op, ins, attrs, shape, st)
-            self._memo[mkey] = hit
+        hit = self.evaluate(op, attrs, tuple(sid[i] for i in ins), shape, st)
         if isinstance(hit, str):
             c = self.counters
             setattr(c, hit, getattr(c, hit) + 1)
@@ -269,42 +264,44 @@ class BlockDFS:
         self.counters.proposed += 1
         return hit
 
-    def _evaluate_fresh(self, op, ins, attrs, shape, st) -> tuple | str:
-        """``_evaluate``'s answer, or the name of the counter of the check that drops it."""
+    def evaluate(self, op, attrs, sids, shape, st) -> tuple | str:
+        """``_evaluate`` on operands given by their sids, uncounted: the result, or the name of
+        the counter of the check that drops it. Memoized: every check is a function of the
+        operands' identities (``BlockValues``), which is what lets the native DFS call it."""
+        mkey = (op, attrs, sids, st)
+        hit = self._memo.get(mkey)
+        if hit is None:
+            hit = self._memo[mkey] = self._evaluate_fresh(op, attrs, sids, shape, st)
+        return hit
+
+    def _evaluate_fresh(self, op, attrs, sids, shape, st) -> tuple | str:
         vals = self.values
-        dtype = masked_dtype(op, tuple(vals.types[i].dtype for i in ins))
+        idents = [vals.ident[s] for s in sids]
+        dtype = masked_dtype(op, tuple(x[0].dtype for x in idents))
         if dtype is None:
             return "pruned_index"
         try:
-            lab = self._index_step(op, ins, attrs, shape, body=st in (1, 2))
+            lab = self._index_step(op, attrs, idents, shape, body=st in (1, 2))
         except Conflict:
             return "pruned_index"
-        dropped = self._operand_check(op, ins)
+        dropped = self._operand_check(op, [x[1] for x in idents])
         if dropped is not None:
             return dropped
         t = self._tt.get((shape, dtype))
         if t is None:
             t = self._tt[(shape, dtype)] = TensorType(shape, dtype)
         phase = _PHASE_OF_STAGE[st]
-        term = self._term(op, ins, attrs, t, count=False)
+        term = self._term(op, attrs, idents, t, count=False)
         if term is None:
             return "pruned_abstract"
         if self.prune and vals.is_constant(term):
             return "pruned_duplicate"
         return (t, term, phase, lab, vals.sig(t, term, phase, lab))
 
-    def _operand_check(self, op: Op, ins: tuple[int, ...]) -> str | None:
+    def _operand_check(self, op: Op, terms: list[Any]) -> str | None:
         """The counter of a check on the operands' terms that drops the op (None: it passes)."""
-        terms = self.values.terms
-        if op is Op.EXP and self.task.shifted_exp and not is_max_shifted(terms[ins[0]]):
+        if op is Op.EXP and self.task.shifted_exp and not is_max_shifted(terms[0]):
             return "pruned_numeric"
-        if op is Op.ACC_RESCALE_SUM and self.prune and terms[ins[1]].head != "rmax":
+        if op is Op.ACC_RESCALE_SUM and self.prune and terms[1].head != "rmax":
             return "pruned_index"  # the rescale operand must be a max (online softmax)
         return None
-
-
-def run_block_task(
-    task: BlockTask, space: Any, oracle: Any | None, deadline: float | None = None
-) -> BlockResult:
-    """Enumerate one block task (the unit of work the runner hands to executors)."""
-    return BlockDFS(task, space, oracle, deadline).run()

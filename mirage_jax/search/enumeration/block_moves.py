@@ -71,18 +71,20 @@ def group_moves(ops: dict[str, Any], types: Sequence[TensorType], group: Group
     st, pool, must = group
     if st == 2:
         return acc_moves(ops, types, pool)
-    return compute_moves(ops, types, pool, set(must))
+    return compute_moves(ops, types, pool, must)
 
 
 def compute_moves(ops: dict[str, Any], types: Sequence[TensorType], pool: list[int],
-                  must: Collection[int]) -> Iterator[tuple]:  # fmt: skip
-    """Compute ops (unary, reductions, binary, matmul, concat) using a value of ``must``."""
+                  must: list[int]) -> Iterator[tuple]:  # fmt: skip
+    """Compute ops (unary, reductions, binary, matmul, concat) using a value of ``must``
+    (ascending: the order is the native DFS's too)."""
+    member = set(must)
     # chained in C rather than delegated with ``yield from``: this is the DFS's hottest loop
     return itertools.chain(
         _unary_moves(ops, types, must),
-        _binary_moves(ops, types, pool, must),
-        _matmul_moves(ops, types, pool, must),
-        _concat_moves(ops, types, pool, must),
+        _binary_moves(ops, types, pool, member),
+        _matmul_moves(ops, types, pool, member),
+        _concat_moves(ops, types, pool, member),
     )
 
 

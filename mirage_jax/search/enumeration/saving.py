@@ -30,6 +30,7 @@ class Savers:
         self.loops = task.forloop
         self.m = len(task.out_types)
         self._eq_cache: dict[tuple[Any, int], bool] = {}
+        self._fits: dict[tuple[int, int], int | None] = {}
 
     def complete(self, nodes: Sequence[tuple]) -> Iterator[Skeleton]:
         """A skeleton per choice of one fitting value for each output that saves every
@@ -50,19 +51,24 @@ class Savers:
 
     def fit(self, v: int, i: int) -> int | None:
         """The saver fdim with which value v becomes target output i (N: none needed), or
-        None if it cannot; abstract equality is part of the test when pruning."""
-        cache = self.values.fits[v]
-        if i in cache:
-            return cache[i]
-        vals = self.values
-        result = self._saver_fdim(vals.types[v], self.task.out_types[i], vals.phase[v])
+        None if it cannot."""
+        return self.fit_sid(self.values.sid[v], i)
+
+    def fit_sid(self, sid: int, i: int) -> int | None:
+        """``fit`` by the value's identity (what it depends on); abstract equality is part of
+        the test when pruning."""
+        key = (sid, i)
+        if key in self._fits:
+            return self._fits[key]
+        t, term, phase, labels = self.values.ident[sid]
+        result = self._saver_fdim(t, self.task.out_types[i], phase)
         if result is not None and self.use_index and not labels_match(
-            vals.index[v], self.task.out_index[i]
+            labels, self.task.out_index[i]
         ):
             result = None
-        if result is not None and self.prune and not self._equals(vals.terms[v], i):
+        if result is not None and self.prune and not self._equals(term, i):
             result = None
-        cache[i] = result
+        self._fits[key] = result
         return result
 
     def _saver_fdim(self, t: TensorType, want: TensorType, phase: int) -> int | None:

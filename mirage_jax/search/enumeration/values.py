@@ -9,14 +9,18 @@ from typing import Any
 from mirage_jax.ir.types import TensorType
 from mirage_jax.search.enumeration.terms import TermHasher
 
+# what a value is, exactly: (type, term, phase, index info)
+Ident = tuple[TensorType, Any, int, Any]
+
 
 class BlockValues:
     """Per-value state of a partial block graph, a stack indexed by value id.
 
-    A value's *signature* (term hash, shape, phase, index info) numbers it: two values with
-    one signature compute the same thing. ``sid`` interns the exact identity (term, shape,
-    dtype, phase, index info), for memo keys that must not rely on hashing. ``fits`` is a
-    per-value cache for the savers (see ``saving.Savers``), dropped with the value.
+    ``sid`` interns a value's exact identity (type, term, phase, index info): every check the
+    DFS applies to an op is a function of its operands' sids, so sids key its memo and the
+    native DFS knows values by them (``ident`` maps them back). A value's *signature* (term
+    hash, shape, phase, index info) numbers it: two values with one signature compute the same
+    thing; ``sig_id`` interns signatures per sid.
     """
 
     def __init__(self) -> None:
@@ -26,14 +30,27 @@ class BlockValues:
         self.uses: list[int] = []
         self.index: list[Any] = []
         self.sid: list[int] = []
-        self.fits: list[dict[int, int | None]] = []
+        self.ident: list[Ident] = []  # sid -> identity
+        self.sig_id: list[int] = []  # sid -> interned signature
         self.hasher = TermHasher()
         self._sig: list[Any] = []
         self._sig_count: dict[Any, int] = {}
         self._interned: dict[Any, int] = {}
+        self._sigs: dict[Any, int] = {}
 
     def __len__(self) -> int:
         return len(self.types)
+
+    def intern(self, t: TensorType, term: Any, phase: int, labels: Any) -> int:
+        """The sid of a value with this identity (a new one the first time)."""
+        key = (term, t.shape, t.dtype, phase, labels)
+        sid = self._interned.get(key)
+        if sid is None:
+            sid = self._interned[key] = len(self.ident)
+            self.ident.append((t, term, phase, labels))
+            sig = self.sig(t, term, phase, labels)
+            self.sig_id.append(self._sigs.setdefault(sig, len(self._sigs)))
+        return sid
 
     def push(self, t: TensorType, term: Any, phase: int, labels: Any = None) -> int:
         """Add a value; its id."""
@@ -45,12 +62,7 @@ class BlockValues:
         sig = self.sig(t, term, phase, labels)
         self._sig.append(sig)
         self._sig_count[sig] = self._sig_count.get(sig, 0) + 1
-        self.fits.append({})
-        ident = (term, t.shape, t.dtype, phase, labels)
-        sid = self._interned.get(ident)
-        if sid is None:
-            sid = self._interned[ident] = len(self._interned)
-        self.sid.append(sid)
+        self.sid.append(self.intern(t, term, phase, labels))
         return len(self.types) - 1
 
     def pop(self) -> None:
@@ -59,7 +71,6 @@ class BlockValues:
         self._sig_count[sig] -= 1
         for lst in (self.types, self.terms, self.phase, self.uses, self.index, self.sid):
             lst.pop()
-        self.fits.pop()
 
     def sig(self, t: TensorType, term: Any, phase: int, labels: Any) -> Any:
         return (self.hasher(term)[0], t.shape, phase, labels)

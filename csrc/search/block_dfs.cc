@@ -1,0 +1,561 @@
+// The block-level DFS's hot loop (see block_dfs.h for the contract with Python).
+#include "block_dfs.h"
+
+#include <pybind11/stl.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace mirage_jax::search {
+namespace {
+
+constexpr int kMaxRank = 8;
+constexpr int kNoDim = -1;    // NONE_DIM: no dim / no saver split
+constexpr int kNoFit = -2;    // fit(): the value cannot be this output
+constexpr int kUnknown = -3;  // fit cache: not asked yet
+enum Phase { kInv = 0, kBody = 1, kEpi = 2 };
+// the counters an evaluate() drop may name (the order of Counters in native.py)
+enum Counter { kAccepted = 0, kAbstract, kIndex, kDuplicate, kNumeric, kNumCounters };
+
+struct Shape {
+  int rank = 0;
+  std::array<int64_t, kMaxRank> d{};
+  bool operator==(const Shape& o) const {
+    if (rank != o.rank) return false;
+    for (int i = 0; i < rank; ++i)
+      if (d[i] != o.d[i]) return false;
+    return true;
+  }
+};
+
+Shape ToShape(const std::vector<int64_t>& v) {
+  if (v.size() > kMaxRank) throw std::invalid_argument("block DFS: rank above 8");
+  Shape s;
+  s.rank = static_cast<int>(v.size());
+  for (int i = 0; i < s.rank; ++i) s.d[i] = v[i];
+  return s;
+}
+
+py::tuple ToTuple(const Shape& s) {
+  py::tuple t(s.rank);
+  for (int i = 0; i < s.rank; ++i) t[i] = s.d[i];
+  return t;
+}
+
+// the shape rules of rules.py; false: the op does not apply
+bool Bcast(const Shape& a, const Shape& b, Shape* out) {
+  if (a.rank != b.rank) return false;
+  out->rank = a.rank;
+  for (int i = 0; i < a.rank; ++i) {
+    if (a.d[i] == b.d[i] || b.d[i] == 1) {
+      out->d[i] = a.d[i];
+    } else if (a.d[i] == 1) {
+      out->d[i] = b.d[i];
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool MatmulShape(const Shape& a, const Shape& b, Shape* out) {
+  int r = a.rank;
+  if (r < 2 || r != b.rank || a.d[r - 1] != b.d[r - 2]) return false;
+  for (int i = 0; i < r - 2; ++i)
+    if (a.d[i] != b.d[i]) return false;
+  *out = a;
+  out->d[r - 1] = b.d[r - 1];
+  return true;
+}
+
+Shape Reduced(const Shape& a, int dim) {
+  Shape s = a;
+  s.d[dim] = 1;
+  return s;
+}
+
+bool ConcatShape(const Shape& a, const Shape& b, int dim, Shape* out) {
+  if (a.rank != b.rank) return false;
+  for (int i = 0; i < a.rank; ++i)
+    if (i != dim && a.d[i] != b.d[i]) return false;
+  *out = a;
+  out->d[dim] = a.d[dim] + b.d[dim];
+  return true;
+}
+
+// The canonical-order key (stage, op rank, attribute rank, operands), compared
+// lexicographically as Python compares the tuples. An input iterator's key is (-1,): stage -1;
+// a macro's last op has (stage, -1): op -1.
+struct Key {
+  int st = -1, op = -1, attr = -1, in0 = -1, in1 = -1;
+  bool operator>(const Key& o) const {
+    if (st != o.st) return st > o.st;
+    if (op != o.op) return op > o.op;
+    if (attr != o.attr) return attr > o.attr;
+    if (in0 != o.in0) return in0 > o.in0;
+    return in1 > o.in1;
+  }
+};
+
+struct Node {
+  int op, attr, in0, in1;  // in1 = -1 for unary ops
+  Key key;
+};
+
+struct Move {
+  int op, attr, in0, in1, st;
+  Shape shape;
+  Key key;
+};
+
+struct Eval {
+  int kind, sid, sig;
+};
+
+struct MemoKey {
+  int op, attr, s0, s1, st;
+  bool operator==(const MemoKey& o) const {
+    return op == o.op && attr == o.attr && s0 == o.s0 && s1 == o.s1 && st == o.st;
+  }
+};
+
+struct MemoHash {
+  size_t operator()(const MemoKey& k) const {
+    uint64_t h = static_cast<uint32_t>(k.s0) * 0x9E3779B97F4A7C15ull;
+    h ^= (static_cast<uint64_t>(static_cast<uint32_t>(k.s1)) + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull;
+    h ^= (static_cast<uint64_t>(k.op) << 40) ^ (static_cast<uint64_t>(k.attr) << 20) ^ k.st;
+    h ^= h >> 29;
+    return static_cast<size_t>(h * 0x94D049BB133111EBull);
+  }
+};
+
+struct StopSearch {};
+
+class BlockSearch {
+ public:
+  BlockSearch(py::dict spec, py::function evaluate, py::function fit)
+      : evaluate_(std::move(evaluate)), fit_(std::move(fit)) {
+    for (auto item : spec["unary"].cast<py::list>()) {
+      auto pair = item.cast<std::pair<int, std::vector<int>>>();
+      unary_.push_back(pair);
+    }
+    reduce_ = spec["reduce"].cast<std::vector<int>>();
+    for (auto item : spec["binary"].cast<py::list>()) {
+      auto t = item.cast<py::tuple>();
+      binary_.push_back({t[0].cast<int>(), t[1].cast<std::vector<int>>(), t[2].cast<bool>(),
+                         t[3].cast<bool>()});
+    }
+    matmul_ = spec["matmul"].cast<int>();
+    concat_ = spec["concat"].cast<int>();
+    for (auto item : spec["acc"].cast<py::list>()) {
+      auto t = item.cast<py::tuple>();
+      acc_.push_back({t[0].cast<int>(), t[1].cast<bool>()});
+    }
+    dim_attr_ = spec["dim_attr"].cast<std::vector<int>>();  // index d + 1, d = -1 .. 7
+    n_attrs_ = spec["n_attrs"].cast<int>();
+    empty_attr_ = spec["empty_attr"].cast<int>();
+    for (auto item : spec["attr_rank"].cast<py::list>()) {
+      auto t = item.cast<std::tuple<int, int, int>>();
+      SetRank(std::get<0>(t), std::get<1>(t), std::get<2>(t));
+    }
+    max_ops_ = spec["max_ops"].cast<int>();
+    outputs_ = spec["outputs"].cast<int>();
+    loops_ = spec["loops"].cast<int>();
+    max_states_ = spec["max_states"].cast<int64_t>();
+    deadline_ = spec["deadline"].cast<double>();
+    prune_ = spec["prune"].cast<bool>();
+  }
+
+  // Identities the Python side interned before the search (the operands and seeds).
+  void AddSid(int sid, std::vector<int64_t> shape, int phase, int sig) {
+    Register(sid, ToShape(shape), phase, sig);
+  }
+
+  // The initial partial graph: one entry per value (its node: op, attr, ins, key).
+  void Push(int sid, int op, int attr, std::vector<int> ins, std::vector<int> key, bool sealed) {
+    Node n{op, attr, ins.size() > 0 ? ins[0] : -1, ins.size() > 1 ? ins[1] : -1, Key{}};
+    int* k[] = {&n.key.st, &n.key.op, &n.key.attr, &n.key.in0, &n.key.in1};
+    for (size_t i = 0; i < key.size() && i < 5; ++i) *k[i] = key[i];
+    bool iter = key.size() == 1 && key[0] == -1;
+    PushValue(sid, n, sealed, iter);
+  }
+
+  // Runs the DFS from the initial graph; what it found is in found().
+  void Run(int stage) {
+    try {
+      Dfs(stage);
+    } catch (StopSearch&) {
+      truncated_ = true;
+    }
+  }
+
+  py::dict Counters() const {
+    py::dict d;
+    d["states"] = states_;
+    d["proposed"] = counts_[kAccepted];
+    d["pruned_abstract"] = counts_[kAbstract];
+    d["pruned_index"] = counts_[kIndex];
+    d["pruned_duplicate"] = counts_[kDuplicate] + duplicates_;
+    d["pruned_numeric"] = counts_[kNumeric];
+    d["pruned_dead"] = dead_;
+    d["truncated"] = truncated_;
+    return d;
+  }
+
+  // (nodes added by the DFS as (op, attr, ins), savers as (value, fdim)) per skeleton
+  const std::vector<std::pair<std::vector<std::tuple<int, int, std::vector<int>>>,
+                              std::vector<std::pair<int, int>>>>&
+  Found() const {
+    return found_;
+  }
+
+ private:
+  struct Bin {
+    int op;
+    std::vector<int> attrs;
+    bool comm, trivial;
+  };
+  struct Acc {
+    int op;
+    bool rescale;
+  };
+  struct SidInfo {
+    Shape shape;
+    int phase = -1, sig = -1;
+  };
+
+  void SetRank(int op, int attr, int rank) {
+    size_t at = static_cast<size_t>(op) * n_attrs_ + attr;
+    if (attr_rank_.size() <= at) attr_rank_.resize(at + 1, -1);
+    attr_rank_[at] = rank;
+  }
+  int Rank(int op, int attr) const {
+    size_t at = static_cast<size_t>(op) * n_attrs_ + attr;
+    if (at >= attr_rank_.size() || attr_rank_[at] < 0)
+      throw std::logic_error("block DFS: an attribute without a rank");
+    return attr_rank_[at];
+  }
+
+  void Register(int sid, const Shape& s, int phase, int sig) {
+    if (sid < 0) throw std::logic_error("block DFS: negative sid");
+    if (static_cast<size_t>(sid) >= sids_.size()) {
+      sids_.resize(sid + 1);
+      fits_.resize(static_cast<size_t>(sid + 1) * outputs_, kUnknown);
+    }
+    SidInfo& info = sids_[sid];
+    if (info.phase < 0) info = {s, phase, sig};
+    if (static_cast<size_t>(sig) >= sig_count_.size()) sig_count_.resize(sig + 1, 0);
+  }
+
+  void PushValue(int sid, const Node& n, bool sealed, bool iter) {
+    vsid_.push_back(sid);
+    uses_.push_back(0);
+    sealed_.push_back(sealed);
+    nodes_.push_back(n);
+    ++sig_count_[sids_[sid].sig];
+    if (n.in0 >= 0) ++uses_[n.in0];
+    if (n.in1 >= 0) ++uses_[n.in1];
+    if (!iter) ++n_ops_;
+    iter_.push_back(iter);
+  }
+
+  void PopValue() {
+    const Node& n = nodes_.back();
+    if (n.in0 >= 0) --uses_[n.in0];
+    if (n.in1 >= 0) --uses_[n.in1];
+    --sig_count_[sids_[vsid_.back()].sig];
+    if (!iter_.back()) --n_ops_;
+    vsid_.pop_back();
+    uses_.pop_back();
+    sealed_.pop_back();
+    nodes_.pop_back();
+    iter_.pop_back();
+  }
+
+  int Phase(int v) const { return sids_[vsid_[v]].phase; }
+  const Shape& ShapeOf(int v) const { return sids_[vsid_[v]].shape; }
+
+  void Tick() {
+    ++states_;
+    if (states_ > max_states_) throw StopSearch{};
+    if (deadline_ > 0 && states_ % 256 == 0) {
+      double now = std::chrono::duration<double>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+      if (now > deadline_) throw StopSearch{};
+    }
+  }
+
+  void Dfs(int stage) {
+    Tick();
+    if (n_ops_ != 0) Complete();
+    if (n_ops_ >= max_ops_) return;
+    size_t depth = nodes_.size();
+    if (moves_.size() <= depth) moves_.resize(depth + 1);
+    moves_[depth].clear();
+    Moves(stage, &moves_[depth]);
+    for (size_t k = 0; k < moves_[depth].size(); ++k) {
+      Move mv = moves_[depth][k];  // a copy: deeper levels may grow moves_
+      const Eval& ev = Evaluate(mv);
+      if (ev.kind != kAccepted) continue;
+      if (prune_ && sig_count_[ev.sig] > 0) {
+        ++duplicates_;
+        continue;
+      }
+      PushValue(ev.sid, Node{mv.op, mv.attr, mv.in0, mv.in1, mv.key}, false, false);
+      if (CanFinish(mv.key.st)) {
+        Dfs(mv.key.st);
+      } else {
+        ++dead_;
+      }
+      PopValue();
+    }
+  }
+
+  bool CanFinish(int stage) const {
+    int dangling = 0, dead = 0;
+    for (size_t v = 0; v < uses_.size(); ++v) {
+      if (uses_[v] == 0) {
+        ++dangling;
+        if (Phase(static_cast<int>(v)) == kBody) ++dead;
+      }
+    }
+    if (dangling - (max_ops_ - n_ops_) > outputs_) return false;
+    if (stage >= 3 && dead > outputs_) return false;
+    return true;
+  }
+
+  const Eval& Evaluate(const Move& mv) {
+    MemoKey key{mv.op, mv.attr, vsid_[mv.in0], mv.in1 >= 0 ? vsid_[mv.in1] : -1, mv.st};
+    auto it = memo_.find(key);
+    if (it == memo_.end()) {
+      py::tuple sids = mv.in1 >= 0 ? py::tuple(py::make_tuple(key.s0, key.s1))
+                                   : py::tuple(py::make_tuple(key.s0));
+      auto res = evaluate_(mv.op, mv.attr, sids, mv.st, ToTuple(mv.shape)).cast<py::tuple>();
+      Eval ev{res[0].cast<int>(), res[1].cast<int>(), res[2].cast<int>()};
+      if (ev.kind < 0 || ev.kind >= kNumCounters)
+        throw std::logic_error("block DFS: evaluate returned an unknown counter");
+      if (ev.kind == kAccepted) {
+        static const int kPhaseOfStage[] = {kInv, kBody, kEpi, kEpi};
+        Register(ev.sid, mv.shape, kPhaseOfStage[mv.st], ev.sig);
+      }
+      it = memo_.emplace(key, ev).first;
+    }
+    ++counts_[it->second.kind];
+    return it->second;
+  }
+
+  // -- moves (block_moves.py) ---------------------------------------------------------------
+  void Moves(int stage, std::vector<Move>* out) {
+    const Node& last = nodes_.back();
+    bool iter = iter_.back();
+    last_key_ = iter ? Key{} : last.key;
+    last_out_ = iter ? -1 : static_cast<int>(nodes_.size()) - 1;
+    inv_.clear();
+    body_.clear();
+    epi_.clear();
+    for (int v = 0; v < static_cast<int>(vsid_.size()); ++v) {
+      int p = Phase(v);
+      if (p == kInv && !sealed_[v]) inv_.push_back(v);
+      if (p == kBody && !sealed_[v]) body_.push_back(v);
+      if (p == kEpi) epi_.push_back(v);
+    }
+    out_ = out;
+    if (stage <= 0) Compute(0, inv_, inv_);
+    if (stage <= 1 && !body_.empty()) {
+      pool_ = inv_;
+      pool_.insert(pool_.end(), body_.begin(), body_.end());
+      Compute(1, pool_, body_);
+    }
+    if (stage <= 2 && !body_.empty() && loops_ > 1) Accumulators(body_);
+    if (!epi_.empty()) {
+      std::vector<int> pool = inv_;
+      pool.insert(pool.end(), epi_.begin(), epi_.end());
+      Compute(3, pool, epi_);
+    }
+  }
+
+  void Emit(int st, int op, int attr, int in0, int in1, const Shape& s) {
+    Key key{st, op, Rank(op, attr), in0, in1};
+    if (!(key > last_key_ || in0 == last_out_ || in1 == last_out_)) return;
+    for (const Node& n : nodes_)  // an op applied already (the Python side's ``sigs``)
+      if (n.op == op && n.attr == attr && n.in0 == in0 && n.in1 == in1) return;
+    out_->push_back(Move{op, attr, in0, in1, st, s, key});
+  }
+
+  void Compute(int st, const std::vector<int>& pool, const std::vector<int>& must) {
+    member_.assign(vsid_.size(), false);
+    for (int v : must) member_[v] = true;
+    for (const auto& [op, attrs] : unary_)
+      for (int v : must)
+        for (int a : attrs) Emit(st, op, a, v, -1, ShapeOf(v));
+    for (int op : reduce_)
+      for (int v : must) {
+        const Shape& s = ShapeOf(v);
+        for (int d = 0; d < s.rank; ++d)
+          if (s.d[d] > 1) Emit(st, op, dim_attr_[d + 1], v, -1, Reduced(s, d));
+      }
+    Shape r;
+    for (const Bin& b : binary_)
+      for (int u : pool)
+        for (int v : pool) {
+          if ((b.comm && u > v) || (u == v && b.trivial)) continue;
+          if (!member_[u] && !member_[v]) continue;
+          if (Bcast(ShapeOf(u), ShapeOf(v), &r))
+            for (int a : b.attrs) Emit(st, b.op, a, u, v, r);
+        }
+    if (matmul_ >= 0)
+      for (int u : pool)
+        for (int v : pool) {
+          if (!member_[u] && !member_[v]) continue;
+          if (MatmulShape(ShapeOf(u), ShapeOf(v), &r)) Emit(st, matmul_, empty_attr_, u, v, r);
+        }
+    if (concat_ >= 0)
+      for (int u : pool)
+        for (int v : pool) {
+          if (u == v || (!member_[u] && !member_[v])) continue;
+          for (int d = 0; d < ShapeOf(u).rank; ++d)
+            if (ConcatShape(ShapeOf(u), ShapeOf(v), d, &r))
+              Emit(st, concat_, dim_attr_[d + 1], u, v, r);
+        }
+  }
+
+  void Accumulators(const std::vector<int>& body) {
+    Shape r;
+    for (const Acc& acc : acc_) {
+      if (acc.rescale) {
+        for (int x : body)
+          for (int m : body)
+            if (x != m && Bcast(ShapeOf(x), ShapeOf(m), &r) && r == ShapeOf(x))
+              Emit(2, acc.op, empty_attr_, x, m, ShapeOf(x));
+        continue;
+      }
+      for (int v : body) {
+        const Shape& s = ShapeOf(v);
+        Emit(2, acc.op, dim_attr_[0], v, -1, s);
+        for (int d = 0; d < s.rank; ++d)
+          if (s.d[d] > 1) Emit(2, acc.op, dim_attr_[d + 1], v, -1, Reduced(s, d));
+      }
+    }
+  }
+
+  // -- completion (saving.py) ------------------------------------------------------------------
+  int Fit(int v, int i) {
+    int sid = vsid_[v];
+    int& slot = fits_[static_cast<size_t>(sid) * outputs_ + i];
+    if (slot == kUnknown) {
+      py::object r = fit_(sid, i);
+      slot = r.is_none() ? kNoFit : r.cast<int>();
+    }
+    return slot;
+  }
+
+  void Complete() {
+    dangling_.clear();
+    for (int v = 0; v < static_cast<int>(uses_.size()); ++v)
+      if (uses_[v] == 0) dangling_.push_back(v);
+    if (static_cast<int>(dangling_.size()) > outputs_) return;
+    options_.assign(outputs_, {});
+    for (int i = 0; i < outputs_; ++i) {
+      for (int v = 0; v < static_cast<int>(vsid_.size()); ++v) {
+        int f = Fit(v, i);
+        if (f != kNoFit) options_[i].push_back({v, f});
+      }
+      if (options_[i].empty()) return;
+    }
+    std::vector<size_t> at(outputs_, 0);
+    while (true) {  // the product of the options, last output fastest (itertools.product)
+      bool all_saved = true;
+      for (int v : dangling_) {
+        bool saved = false;
+        for (int i = 0; i < outputs_ && !saved; ++i) saved = options_[i][at[i]].first == v;
+        all_saved = all_saved && saved;
+      }
+      if (all_saved) Record(at);
+      int i = outputs_ - 1;
+      while (i >= 0 && ++at[i] == options_[i].size()) at[i--] = 0;
+      if (i < 0) break;
+    }
+  }
+
+  void Record(const std::vector<size_t>& at) {
+    std::vector<std::tuple<int, int, std::vector<int>>> nodes;
+    for (size_t k = first_new_; k < nodes_.size(); ++k) {
+      const Node& n = nodes_[k];
+      std::vector<int> ins{n.in0};
+      if (n.in1 >= 0) ins.push_back(n.in1);
+      nodes.emplace_back(n.op, n.attr, std::move(ins));
+    }
+    std::vector<std::pair<int, int>> savers;
+    for (int i = 0; i < outputs_; ++i) savers.push_back(options_[i][at[i]]);
+    found_.emplace_back(std::move(nodes), std::move(savers));
+  }
+
+ public:
+  void MarkStart() { first_new_ = nodes_.size(); }
+
+ private:
+  py::function evaluate_, fit_;
+  std::vector<std::pair<int, std::vector<int>>> unary_;
+  std::vector<int> reduce_;
+  std::vector<Bin> binary_;
+  int matmul_ = -1, concat_ = -1;
+  std::vector<Acc> acc_;
+  std::vector<int> dim_attr_, attr_rank_;
+  int n_attrs_ = 0, empty_attr_ = 0, max_ops_ = 0, outputs_ = 0, loops_ = 1;
+  int64_t max_states_ = 0;
+  double deadline_ = 0;
+  bool prune_ = true;
+
+  std::vector<SidInfo> sids_;
+  std::vector<int> fits_, sig_count_;
+  std::unordered_map<MemoKey, Eval, MemoHash> memo_;
+
+  // the partial graph: per value its sid, uses, sealed flag, node
+  std::vector<int> vsid_, uses_;
+  std::vector<bool> sealed_, iter_;
+  std::vector<Node> nodes_;
+  int n_ops_ = 0;
+  size_t first_new_ = 0;
+
+  // scratch
+  std::vector<std::vector<Move>> moves_;
+  std::vector<Move>* out_ = nullptr;
+  std::vector<int> inv_, body_, epi_, pool_, dangling_;
+  std::vector<bool> member_;
+  std::vector<std::vector<std::pair<int, int>>> options_;
+  Key last_key_;
+  int last_out_ = -1;
+
+  int64_t states_ = 0, dead_ = 0, duplicates_ = 0;
+  std::array<int64_t, kNumCounters> counts_{};
+  bool truncated_ = false;
+  std::vector<std::pair<std::vector<std::tuple<int, int, std::vector<int>>>,
+                        std::vector<std::pair<int, int>>>>
+      found_;
+};
+
+}  // namespace
+
+void BindBlockSearch(py::module_& m) {
+  py::class_<BlockSearch>(m, "BlockSearch",
+                          "The block-level DFS of one task (mirage_jax.search.enumeration"
+                          ".native drives it).")
+      .def(py::init<py::dict, py::function, py::function>(), py::arg("spec"),
+           py::arg("evaluate"), py::arg("fit"))
+      .def("add_sid", &BlockSearch::AddSid)
+      .def("push", &BlockSearch::Push)
+      .def("mark_start", &BlockSearch::MarkStart)
+      .def("run", &BlockSearch::Run)
+      .def("counters", &BlockSearch::Counters)
+      .def("found", &BlockSearch::Found);
+}
+
+}  // namespace mirage_jax::search
