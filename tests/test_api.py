@@ -133,6 +133,23 @@ def test_unsupported_op_cuts_and_the_rest_runs_as_custom_calls():
     assert "cut: " in report and "sort" in report and "test_api.py" in report
 
 
+def test_explain_says_how_far_each_search_got_and_the_cache_remembers_it():
+    def f(x, w):
+        return jax.nn.silu(x @ w)
+
+    x, w = _randn(8, 16, seed=1), _randn(16, 32, seed=2)
+    exhaustive = SearchConfig(workers=1, time_candidates=False, progress=False)
+    fast = mj.optimize(f, config=exhaustive, require_speedup=False)
+    report = fast.explain(x, w)
+    assert "search optimal within bounds: all " in report, report
+    again = mj.optimize(f, config=exhaustive, require_speedup=False).explain(x, w)
+    assert "[from cache]" in again and "search optimal within bounds" in again, again
+    bounded = mj.optimize(f, config=exhaustive.with_(max_total_states=50),
+                          require_speedup=False).explain(x, w)  # fmt: skip
+    assert "search stopped by the total state budget: " in bounded, bounded
+    assert "optimal" not in bounded
+
+
 def test_repeated_layers_are_planned_once_and_explain_says_same_as(monkeypatch):
     def layer(x, g, w):
         return programs.rmsnorm(x) * g @ w

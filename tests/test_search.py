@@ -401,6 +401,40 @@ def test_search_is_deterministic_under_a_seed_inline_and_with_a_process_pool():
             assert getattr(other.report, field) == getattr(a.report, field), field
 
 
+def test_a_total_state_bound_cuts_the_same_tasks_whoever_runs_them():
+    """The deterministic bound: tasks kept in task order until their states reach it, the
+    same result inline, twice, and on a pool whose workers finish out of order."""
+    target = target_of("qknorm_attn")
+    cfg = fast_config(max_tasks=None, max_total_states=20_000, max_verify=3)
+    a = superoptimize(target, cfg, executor=InlineExecutor())
+    b = superoptimize(target, cfg, executor=InlineExecutor())
+    with cf.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        c = superoptimize(target, cfg.with_(workers=2), executor=pool)
+    r = a.report
+    assert r.stop_reason == "total state budget", str(r)
+    assert 20_000 <= r.states and r.tasks_run < r.tasks and not r.exhausted
+    assert "stopped by the total state budget" in r.coverage_text()
+    for other in (b, c):
+        assert [str(x.graph) for x in other.verified] == [str(x.graph) for x in a.verified]
+        for field in ("states", "tasks_run", "tasks_exhausted", "skeletons", "candidates",
+                      "stop_reason"):  # fmt: skip
+            assert getattr(other.report, field) == getattr(a.report, field), field
+
+
+def test_coverage_says_optimal_only_for_an_exhausted_search():
+    done = superoptimize(_rsqrt_sumsq(), _sound_config(True), executor=InlineExecutor()).report
+    assert done.exhausted and done.coverage == 1.0 and done.projected_s is None
+    assert done.tasks_exhausted == done.tasks_run == done.tasks > 0
+    assert done.coverage_text().startswith(f"optimal within bounds: all {done.tasks} block")
+    # a deadline that has passed when the enumeration starts: a time budget, nothing run
+    cut = superoptimize(target_of("qknorm_attn"), fast_config(max_tasks=None, time_budget_s=1e-3),
+                        executor=InlineExecutor()).report  # fmt: skip
+    assert cut.stop_reason == "time budget" and cut.coverage < 1, str(cut)
+    assert "optimal" not in cut.coverage_text()
+    assert cut.coverage_text().startswith("stopped by the time budget: ")
+    assert "coverage: stopped by the time budget" in str(cut)
+
+
 def test_report_counts_every_stage_and_reads_well():
     result = search("gated_mlp")
     r = result.report

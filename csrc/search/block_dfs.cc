@@ -206,6 +206,7 @@ class BlockSearch {
     d["pruned_numeric"] = counts_[kNumeric];
     d["pruned_dead"] = dead_;
     d["truncated"] = truncated_;
+    d["timed_out"] = timed_out_;
     return d;
   }
 
@@ -289,7 +290,10 @@ class BlockSearch {
       double now = std::chrono::duration<double>(
                        std::chrono::system_clock::now().time_since_epoch())
                        .count();
-      if (now > deadline_) throw StopSearch{};
+      if (now > deadline_) {
+        timed_out_ = true;
+        throw StopSearch{};
+      }
     }
   }
 
@@ -536,7 +540,7 @@ class BlockSearch {
 
   int64_t states_ = 0, dead_ = 0, duplicates_ = 0;
   std::array<int64_t, kNumCounters> counts_{};
-  bool truncated_ = false;
+  bool truncated_ = false, timed_out_ = false;
   std::vector<std::pair<std::vector<std::tuple<int, int, std::vector<int>>>,
                         std::vector<std::pair<int, int>>>>
       found_;

@@ -50,6 +50,7 @@ class RegionPlan:
     key: str = ""
     source: str = "search"  # where the decision came from: search, cache or library
     same_as: int | None = None  # an identical region planned before this one
+    search: str = ""  # how far its search got (``SearchReport.coverage_text``)
 
     @property
     def speedup(self) -> float | None:
@@ -67,6 +68,8 @@ class RegionPlan:
             head += f"{self.xla_s * 1e6:.0f} us)"
         if self.reason:
             head += f" - {self.reason}"
+        if self.search:
+            head += f"; search {self.search}"
         if self.source != "search":
             head += f" [from {self.source}]"
         return head
@@ -122,7 +125,7 @@ def _same_as(region: Any, first: RegionPlan) -> RegionPlan:
     return RegionPlan(region.index, region.graph, region.backward, region.forward,
                       graph=first.graph, impl=first.impl, reason=first.reason,
                       mirage_s=first.mirage_s, xla_s=first.xla_s, key=first.key,
-                      source=first.source, same_as=first.index)  # fmt: skip
+                      source=first.source, same_as=first.index, search=first.search)  # fmt: skip
 
 
 def _explore_all(regions: list[Any], options: Any, backend: Backend) -> dict[int, cf.Future]:
@@ -163,7 +166,8 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend,
             # a search that lost tasks with its workers is not the search the key names
             if options.cache and not _incomplete(plan.search_report):
                 store(plan.key, Decision(plan.graph if plan.impl else None, plan.reason,
-                                         plan.mirage_s, plan.xla_s))  # fmt: skip
+                                         plan.mirage_s, plan.xla_s,
+                                         {"search": plan.search}))  # fmt: skip
     except MirageError as err:
         plan.impl = None
         # the remedy too: explain and the log are where a user learns what to do about it
@@ -188,6 +192,7 @@ def _reuse(plan: RegionPlan, options: Any, backend: Backend) -> bool:
     plan.graph, plan.mirage_s, plan.xla_s = decision.graph, decision.mirage_s, decision.xla_s
     plan.source = "library" if entry else "cache"
     plan.reason = decision.reason
+    plan.search = decision.summary.get("search", "")
     if decision.graph is not None:
         kernel = entry.kernel if entry and entry.kernel else None
         plan.impl = kernel or backend.compile(decision.graph)
@@ -197,6 +202,8 @@ def _reuse(plan: RegionPlan, options: Any, backend: Backend) -> bool:
 def _decide(plan: RegionPlan, program: Any, region: Any, options: Any, backend: Backend,
             explored: cf.Future | None = None) -> None:  # fmt: skip
     plan.graph, plan.search_report = _choose_graph(region.graph, options, backend, explored)
+    if plan.search_report is not None:
+        plan.search = plan.search_report.coverage_text()
     impl = backend.compile(plan.graph)
     xla = program.region_callable(region.index)
     # on the device: timing numpy arguments would time the host-to-device copy

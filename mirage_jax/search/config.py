@@ -68,6 +68,9 @@ class SearchConfig:
     # budgets
     time_budget_s: float = 60.0
     max_states: int = 400_000  # per enumeration task: a deterministic bound
+    # block states over all tasks, added in task order: the deterministic bound on the whole
+    # enumeration (None: none); the time budget is the safety net behind it
+    max_total_states: int | None = 6_000_000
     max_tasks: int | None = None  # block enumeration tasks run, in priority order (None: all)
     saturation_iterations: int = 64
     saturation_node_limit: int = 200_000
@@ -102,6 +105,9 @@ class SearchConfig:
         positive = ("max_kernel_ops", "max_graph_def_inputs", "max_blocks",
                     "trials", "workers", "max_states", "max_forloop_candidates",
                     "timing_rounds")  # fmt: skip
+        if self.max_total_states is not None and self.max_total_states < 1:
+            raise SearchError("SearchConfig.max_total_states must be >= 1 or None, got "
+                              f"{self.max_total_states}")
         if self.max_block_ops is not None and self.max_block_ops < 1:
             raise SearchError(f"SearchConfig.max_block_ops must be >= 1, got {self.max_block_ops}")
         for name in positive:

@@ -44,7 +44,10 @@ class SearchReport:
     sites: int = 0
     tasks: int = 0
     tasks_run: int = 0
+    tasks_exhausted: int = 0  # run to their end (neither bound nor deadline cut them)
     tasks_truncated: int = 0
+    block_s: float = 0.0  # wall-clock seconds of the block enumeration (all workers)
+    workers: int = 1
     skeletons: int = 0  # distinct complete block skeletons
     candidates: int = 0  # concrete μGraphs (skeleton x tiling) ranked by the cost model
     cost_model: str = ""  # the model that ranked them (the target backend's), as repr()
@@ -75,6 +78,43 @@ class SearchReport:
     def total_s(self) -> float:
         return self.timings.get("total", 0.0)
 
+    @property
+    def exhausted(self) -> bool:
+        """Every block task ran to its end: the best μGraph within the bounds was found."""
+        return self.stop_reason == "exhausted"
+
+    @property
+    def coverage(self) -> float:
+        """The share of block tasks run to their end (1.0 for an exhausted search)."""
+        return self.tasks_exhausted / self.tasks if self.tasks else 1.0
+
+    @property
+    def states_per_s(self) -> float:
+        """Block-level states per second per worker."""
+        return self.states / self.block_s / max(1, self.workers) if self.block_s else 0.0
+
+    @property
+    def projected_s(self) -> float | None:
+        """A lower estimate of the enumeration's seconds to exhaust every task: its time over
+        the share of tasks it finished (tasks cut by a bound would take longer still)."""
+        if self.exhausted or not self.tasks_exhausted:
+            return None
+        return self.block_s / self.coverage
+
+    def coverage_text(self) -> str:
+        """One line for ``explain`` and the decision cache: optimal within the bounds, or how
+        much of the space the search covered before what stopped it."""
+        if self.exhausted:
+            return (f"optimal within bounds: all {self.tasks} block tasks exhausted, "
+                    f"{self.states} states")  # fmt: skip
+        if not self.tasks:
+            return self.stop_reason or "no block tasks"
+        line = (f"stopped by the {self.stop_reason}: {self.tasks_exhausted}/{self.tasks} block "
+                f"tasks exhausted ({100 * self.coverage:.1f}%), {self.states} states")
+        if self.projected_s is not None:
+            line += f", about {self.projected_s:.0f}s more to exhaust"
+        return line
+
     def __str__(self) -> str:
         t = self.timings
         lines = [
@@ -84,7 +124,9 @@ class SearchReport:
             f"{self.pruned_duplicate} duplicate, {self.pruned_dead} dead-end, "
             f"{self.pruned_numeric} unsafe exp",
             f"  {self.sites} graph_def sites, {self.tasks_run}/{self.tasks} block tasks run "
-            f"({self.tasks_truncated} cut by a budget), {self.skeletons} skeletons, "
+            f"({self.tasks_truncated} cut by a budget), {self.states_per_s:.0f} states/s per "
+            f"worker; coverage: {self.coverage_text()}",
+            f"  {self.skeletons} skeletons, "
             f"{self.candidates} candidates ranked by {self.cost_model or 'a cost model'}",
             f"  verification: {self.ff_checked} checked, {self.ff_rejected} rejected (finite "
             f"field, {self.trials} trials), {self.float_rejected} rejected (float), "

@@ -28,8 +28,11 @@ The pipeline, top to bottom (each stage timed and counted in the ``SearchReport`
 
 Determinism: tasks run in a fixed order, results are merged in task order and ties are broken
 by canonical text, and all random inputs derive from ``seed``: the same config gives the same
-result unless a *time* budget cuts the enumeration (``max_states`` is the deterministic bound),
-whichever executor runs the tasks. ``explore`` runs stages 1-5 alone, so that several searches
+result whichever executor runs the tasks, unless a *time* budget cuts the enumeration. The
+deterministic bounds are ``max_states`` per task and ``max_total_states`` over the tasks in
+task order (a task finished past that cut is dropped, whichever worker finished first); the
+stop reason names what ended the enumeration, and only "exhausted" means the result is the
+best within the bounds (``SearchReport.coverage_text``). ``explore`` runs stages 1-5 alone, so that several searches
 can share a cluster and then time their candidates one after another on a quiet machine.
 """
 
@@ -81,6 +84,9 @@ LOST = (TaskLost, cf.CancelledError, cf.BrokenExecutor)
 TASK_RETRIES = 2
 # how ``SearchReport.stop_reason`` begins when tasks were lost: such a search is not complete
 INCOMPLETE = "incomplete"
+# the stop reason of a search that ran every block task to its end: its result is the best
+# μGraph within its bounds (``explain`` says "optimal within bounds" only then)
+EXHAUSTED = "exhausted"
 
 
 class CostModel(Protocol):
@@ -159,8 +165,10 @@ class Exploration:
         self.cost = cost_model
         self.timer: Timer | None = None
         self.baseline: Callable[[], float] | None = None
-        self.report = SearchReport(target=summarize(target), cost_model=repr(cost_model))
+        self.report = SearchReport(target=summarize(target), cost_model=repr(cost_model),
+                                   workers=config.workers)  # fmt: skip
         self.lost = 0  # task losses (each retry that was lost again counts)
+        self._classes = 0  # structure classes among the ranked candidates
         self.start = time.time()
         self.deadline = self.start + config.time_budget_s
         self.text = to_text(target)
@@ -299,19 +307,39 @@ class Exploration:
         capped = cfg.max_tasks is not None and cfg.max_tasks < len(tasks)
         if capped:
             tasks = tasks[: cfg.max_tasks]
+        start = time.perf_counter()
+        results, lost = self._run_tasks([t for _, t in tasks])
+        self.report.block_s = time.perf_counter() - start
+        # the deterministic cut: the tasks whose states, added in task order, reach the
+        # total budget (whichever worker finished first); those after it are dropped
+        results = results[: _state_cut(results, cfg.max_total_states)]
+        found = self._merge(tasks, results)
+        self._stop_reason(results, lost, capped)
+        log.debug("block enumeration: %d tasks, %d skeletons (%s)", len(tasks), len(found),
+                  self.report.stop_reason)  # fmt: skip
+        return found
+
+    def _run_tasks(self, tasks: Sequence[en.BlockTask]
+                   ) -> tuple[list[en.BlockResult | None], list[int]]:  # fmt: skip
+        """Every task's result (None: not sent) and the tasks lost with their workers.
+
+        Tasks are sent in priority order, a window at a time, until the enumeration's share of
+        the time budget ends or the finished tasks' states reach ``max_total_states`` (tasks
+        past either are never sent: sending thousands of no-op tasks costs seconds)."""
+        cfg = self.config
         deadline = self.start + cfg.time_budget_s * ENUMERATION_SHARE
+        budget = cfg.max_total_states
         results: list[en.BlockResult | None] = [None] * len(tasks)
-        # a window of tasks in flight, refilled in priority order until the deadline: tasks
-        # past it are never sent (sending thousands of no-op tasks costs seconds)
         window = max(2, 4 * max(1, cfg.workers))
         pending: dict[cf.Future, tuple[int, int]] = {}  # future -> (task, attempt)
         lost: list[int] = []
-        nxt = 0
+        nxt = states = 0
         bar = _progress(cfg, len(tasks), "enumerate")
         try:
             while nxt < len(tasks) or pending:
-                while nxt < len(tasks) and len(pending) < window and time.time() < deadline:
-                    fut = self._submit(block_worker, self.text, cfg, tasks[nxt][1], deadline)
+                while (nxt < len(tasks) and len(pending) < window and time.time() < deadline
+                       and (budget is None or states < budget)):  # fmt: skip
+                    fut = self._submit(block_worker, self.text, cfg, tasks[nxt], deadline)
                     pending[fut] = (nxt, 0)
                     nxt += 1
                 if not pending:
@@ -320,30 +348,38 @@ class Exploration:
                 for fut in done:
                     k, attempt = pending.pop(fut)
                     try:
-                        results[k] = fut.result()
+                        results[k] = res = fut.result()
                     except LOST as err:
                         self.lost += 1
                         log.warning("block task %d was lost (%s)", k, _why(err))
                         if attempt < TASK_RETRIES and time.time() < deadline:
-                            again = self._submit(block_worker, self.text, cfg, tasks[k][1],
+                            again = self._submit(block_worker, self.text, cfg, tasks[k],
                                                  deadline)  # fmt: skip
                             pending[again] = (k, attempt + 1)
                         else:
                             lost.append(k)
                         continue
+                    states += res.counters.states
                     if bar is not None:
                         bar.update(1)
         finally:
             if bar is not None:
                 bar.close()
+        return results, lost
+
+    def _merge(self, tasks: Sequence[tuple[en.Site, en.BlockTask]],
+               results: Sequence[en.BlockResult | None]) -> list[tuple[en.Site, en.Skeleton]]:  # fmt: skip
+        """The distinct skeletons of ``results``, in task order (so whichever worker ran a
+        task, the merge is the same), with their counters added to the report."""
         found: list[tuple[en.Site, en.Skeleton]] = []
         seen: set[Any] = set()
         for (site, task), res in zip(tasks, results):
-            if res is None:  # never sent: the time budget ended first
+            if res is None:  # never sent, or lost
                 continue
             self._count(res.counters)
             if res.counters.states:
                 self.report.tasks_run += 1
+                self.report.tasks_exhausted += not res.counters.truncated
             self.report.tasks_truncated += int(res.counters.truncated)
             for skel in res.skeletons:
                 canon = en.canonical_block(skel.block)
@@ -353,26 +389,33 @@ class Exploration:
                     found.append((site, en.Skeleton(canon, skel.fdims)))
             log.debug("task %s: %s", task.label, res.counters)
         self.report.skeletons = len(found)
+        return found
+
+    def _stop_reason(self, results: Sequence[en.BlockResult | None], lost: Sequence[int],
+                     capped: bool) -> None:  # fmt: skip
+        """Why the enumeration ended: ``EXHAUSTED`` only when every task ran to its end; a
+        time budget (host-dependent) is named before the deterministic bounds."""
+        r = self.report
+        timed_out = any(res is None or res.counters.timed_out for k, res in enumerate(results)
+                        if k not in lost)  # fmt: skip
         if lost:
             # never presented as complete: the skeletons of these tasks were not searched
-            self.report.stop_reason = (f"{INCOMPLETE}: {len(lost)} of {len(tasks)} block tasks "
-                                       "not run (lost with their workers)")  # fmt: skip
-            self.report.notes.append(
+            r.stop_reason = (f"{INCOMPLETE}: {len(lost)} of {r.tasks} block tasks not run "
+                             "(lost with their workers)")  # fmt: skip
+            r.notes.append(
                 f"block tasks not run: {sorted(lost)} (each lost {TASK_RETRIES + 1} times or "
                 "after the enumeration deadline); the best μGraph is verified but was chosen "
                 "from the tasks that ran - search again to cover them")  # fmt: skip
-        elif time.time() > deadline and (self.report.tasks_truncated
-                                       or self.report.tasks_run < len(tasks)):  # fmt: skip
-            self.report.stop_reason = "time budget"
-        elif self.report.tasks_truncated:
-            self.report.stop_reason = "state budget"
-        elif capped:
-            self.report.stop_reason = "task budget"
+        elif r.tasks_exhausted == r.tasks:
+            r.stop_reason = EXHAUSTED
+        elif timed_out:
+            r.stop_reason = "time budget"
+        elif len(results) < r.tasks and not capped:
+            r.stop_reason = "total state budget"
+        elif r.tasks_truncated:
+            r.stop_reason = "state budget"
         else:
-            self.report.stop_reason = "exhausted"
-        log.debug("block enumeration: %d tasks, %d skeletons (%s)", len(tasks), len(found),
-                 self.report.stop_reason)  # fmt: skip
-        return found
+            r.stop_reason = "task budget"
 
     # -- instantiation and ranking ---------------------------------------------------------
     def _instantiate(self, space: SearchSpace, kernel: en.KernelEnumeration,
@@ -415,6 +458,10 @@ class Exploration:
         for c in cands:
             (rest if c.skeleton in seen else firsts).append(c)
             seen.add(c.skeleton)
+        # every structure class's best is verified, beyond max_verify if need be: an exhausted
+        # search offers more classes than a truncated one, and the cost model orders classes
+        # least reliably (see ranking.diversify)
+        self._classes = len({ranking.structure(c.graph) for c in firsts})
         return ranking.diversify(firsts) + rest
 
     def _candidate(self, site: en.Site, skel: en.Skeleton, tiling: en.Tiling) -> Candidate | None:
@@ -442,11 +489,13 @@ class Exploration:
         digests = [self._collect(f, target_digest_worker, a) for f, a in futs] if futs else None
         deadline = self.start + cfg.time_budget_s * VERIFY_SHARE
         try:
-            while pos < len(ranked) and len(verified) < cfg.max_verify:
+            classes = self._classes
+            while pos < len(ranked) and (len(verified) < cfg.max_verify or pos < classes):
                 if verified and time.time() > deadline:
                     self.report.notes.append("verification stopped by the time budget")
                     break
-                want = min(workers * per_worker, cfg.max_verify - len(verified))
+                want = max(min(workers * per_worker, cfg.max_verify - len(verified)),
+                           classes - pos)  # fmt: skip
                 chunk: list[Candidate] = []
                 while pos < len(ranked) and len(chunk) < want:
                     c = ranked[pos]
@@ -562,6 +611,17 @@ class Exploration:
         log.debug("best: %s", r.best_summary)
 
 
+def _state_cut(results: Sequence[en.BlockResult | None], budget: int | None) -> int:
+    """How many tasks, in task order, it takes for their states to reach ``budget`` (all of
+    them when it is never reached)."""
+    states = 0
+    for k, res in enumerate(results):
+        states += res.counters.states if res is not None else 0
+        if budget is not None and states >= budget:
+            return k + 1
+    return len(results)
+
+
 def _why(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
@@ -590,6 +650,6 @@ def _progress(config: SearchConfig, total: int, what: str) -> Any:
 
 
 __all__ = [
-    "INCOMPLETE", "Candidate", "CostModel", "Exploration", "SearchReport", "SearchResult",
+    "EXHAUSTED", "INCOMPLETE", "Candidate", "CostModel", "Exploration", "SearchReport", "SearchResult",
     "Timer", "explore", "fuse_kernel", "summarize", "superoptimize",
 ]  # fmt: skip

@@ -187,7 +187,7 @@ def block_worker(target_text: str, config: SearchConfig, task: en.BlockTask,
     _, space, oracle = _worker_context(target_text, config)
     if time.time() > deadline:
         res = en.BlockResult(task)
-        res.counters.truncated = True
+        res.counters.truncated = res.counters.timed_out = True
         return res
     return en.run_block_task(task, space, oracle, deadline)
 

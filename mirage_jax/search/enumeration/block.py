@@ -110,6 +110,7 @@ class BlockDFS:
         if c.states > self.task.max_states:
             raise Stop
         if self.deadline is not None and c.states % 256 == 0 and time.time() > self.deadline:
+            c.timed_out = True
             raise Stop
 
     def _dfs(self, stage: int) -> None:

@@ -22,6 +22,7 @@ class Counters:
     pruned_numeric: int = 0  # dropped: an exp of an unshifted value (see terms.shifted_exps)
     complete: int = 0  # complete skeletons found
     truncated: bool = False  # stopped by max_states or the deadline
+    timed_out: bool = False  # stopped by the deadline (then the result depends on the host)
 
     def add(self, other: Counters) -> None:
         self.states += other.states
@@ -33,3 +34,4 @@ class Counters:
         self.pruned_numeric += other.pruned_numeric
         self.complete += other.complete
         self.truncated |= other.truncated
+        self.timed_out |= other.timed_out

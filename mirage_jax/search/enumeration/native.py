@@ -32,7 +32,7 @@ _DIMS = range(-1, 8)  # the dims a dim attribute names (N, then 0..7: the core's
 # the counters an evaluate() drop names, by the core's codes (0 is "accepted")
 _DROPS = {"pruned_abstract": 1, "pruned_index": 2, "pruned_duplicate": 3, "pruned_numeric": 4}
 _FIELDS = ("states", "proposed", "pruned_abstract", "pruned_index", "pruned_duplicate",
-           "pruned_numeric", "pruned_dead", "truncated")  # fmt: skip
+           "pruned_numeric", "pruned_dead", "truncated", "timed_out")  # fmt: skip
 
 
 def native_core() -> Any | None:
