@@ -4,7 +4,9 @@ For every program of ``programs.programs(bs)``: trace it, superoptimize its regi
 cold (a fresh process pool, empty caches except the compiler's disk cache) with the default
 ``SearchConfig`` (time budget 60 s, 2 workers), and print what the search did: states
 enumerated, pruned (by abstract expressions, by the index analysis, as duplicates or dead
-ends, as unsafe exps), candidates verified / rejected, the best μGraph, and the search time.
+ends, as unsafe exps), block tasks run / total, states per second per worker, coverage (the
+share of tasks run to their end) and the stop reason ("exhausted": the best within bounds),
+candidates verified / rejected, the best μGraph, and the search time.
 Unless ``--no-time``, the best ``--top-k`` verified candidates are compiled and timed, and
 compared with ``jax.jit`` of the same region measured in the same process; the "rank rho"
 column is the Spearman rank correlation between the cost model's estimates and those
@@ -151,7 +153,8 @@ def _row(name: str, bs: int, result, wall: float) -> list[str]:
     rho = spearman([e for _, e, _ in r.timed_candidates], [m for _, _, m in r.timed_candidates])
     regret = pick_regret(r.timed_candidates)
     return [
-        name, str(bs), str(r.states), str(pruned), f"{r.verified}/{r.ff_checked}",
+        name, str(bs), f"{r.tasks_run}/{r.tasks}", str(r.states), f"{r.states_per_s:.0f}",
+        f"{100 * r.coverage:.1f}%", str(pruned), f"{r.verified}/{r.ff_checked}",
         str(r.ff_rejected), str(r.float_rejected), "yes" if single else "no",
         us(r.best_estimate_s), us(r.best_measured_s), us(r.baseline_s), speed,
         "-" if rho is None else f"{rho:+.2f} ({len(r.timed_candidates)})",
@@ -160,7 +163,7 @@ def _row(name: str, bs: int, result, wall: float) -> list[str]:
     ]  # fmt: skip
 
 
-HEADER = ["program", "bs", "states", "pruned", "verified", "ff-rej", "float-rej", "mirage form",
+HEADER = ["program", "bs", "tasks", "states", "states/s", "coverage", "pruned", "verified", "ff-rej", "float-rej", "mirage form",
           "est us", "meas us", "jit us", "speedup", "rank rho", "pick/best", "search s", "stop",
           "best μGraph"]  # fmt: skip
 
@@ -221,11 +224,12 @@ def main(argv: list[str] | None = None) -> int:
                         for v, (r, p) in reranked[-1].items()), flush=True)  # fmt: skip
     print()
     _print_table(rows)
-    rhos = [float(r[12].split()[0]) for r in rows if r[12] != "-"]
+    col = {name: k for k, name in enumerate(HEADER)}
+    rhos = [float(r[col["rank rho"]].split()[0]) for r in rows if r[col["rank rho"]] != "-"]
     if rhos:
         print(f"\nmean rank correlation (cost model vs measured): {sum(rhos) / len(rhos):+.2f} "
               f"over {len(rhos)} searches")
-    regrets = [float(r[13].rstrip("x")) for r in rows if r[13] != "-"]
+    regrets = [float(r[col["pick/best"]].rstrip("x")) for r in rows if r[col["pick/best"]] != "-"]
     if regrets:
         geo = math.exp(sum(math.log(x) for x in regrets) / len(regrets))
         print(f"the model's first pick over the fastest measured: geomean {geo:.2f}x, worst "
