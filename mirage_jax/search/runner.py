@@ -494,8 +494,8 @@ class Exploration:
                 if verified and time.time() > deadline:
                     self.report.notes.append("verification stopped by the time budget")
                     break
-                want = max(min(workers * per_worker, cfg.max_verify - len(verified)),
-                           classes - pos)  # fmt: skip
+                want = min(workers * per_worker,
+                           max(cfg.max_verify - len(verified), classes - pos))  # fmt: skip
                 chunk: list[Candidate] = []
                 while pos < len(ranked) and len(chunk) < want:
                     c = ranked[pos]
