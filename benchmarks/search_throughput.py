@@ -2,8 +2,9 @@
 
 For every suite program: trace it, build its block tasks as the search does (pruning on, the
 default bounds), take ``--tasks`` of them spread evenly over the priority order, and run each
-on one core with both engines (``engine="python"`` is the search as it was before the native
-core; ``engine="native"``). Both must report the same skeletons and counters (checked); the
+on one core with both engines (``engine="python"`` without the check cache the tasks of a
+search now share is the search as it was before the native core; ``engine="native"`` with
+it is the search now). Both must report the same skeletons and counters (checked); the
 table gives states, seconds and states per second per engine, and the ratio.
 
     python benchmarks/search_throughput.py                       # bs 1, 24 tasks per program
@@ -36,13 +37,16 @@ def block_tasks(target, config):
     return space, oracle, [task for _, task in tasks]
 
 
-def measure(tasks, space, oracle, engine: str) -> tuple[int, float, list]:
+def measure(tasks, space, oracle, engine: str, shared: bool) -> tuple[int, float, list]:
+    """Run ``tasks`` as one search's worker does: with a check cache they share, or (the
+    search before the native core) without."""
     from mirage_jax.search.enumeration import run_block_task
 
     states, seconds, found = 0, 0.0, []
+    checks: dict | None = {} if shared else None
     for task in tasks:
         start = time.perf_counter()
-        res = run_block_task(task, space, oracle, engine=engine)
+        res = run_block_task(task, space, oracle, engine=engine, shared=checks)
         seconds += time.perf_counter() - start
         states += res.counters.states
         found.append(([str(s.block) for s in res.skeletons], res.counters))
@@ -73,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         traced = trace(program.fn, *program.call_args(programs.make_inputs(program)))
         space, oracle, tasks = block_tasks(traced.regions[0].graph, config)
         sample = tasks[:: max(1, len(tasks) // args.tasks)][: args.tasks]
-        states, py_s, py_found = measure(sample, space, oracle, "python")
-        _, na_s, na_found = measure(sample, space, oracle, "native")
+        states, py_s, py_found = measure(sample, space, oracle, "python", shared=False)
+        _, na_s, na_found = measure(sample, space, oracle, "native", shared=True)
         if py_found != na_found:
             print(f"{program.name}: the engines disagree", file=sys.stderr)
             return 1

@@ -9,32 +9,49 @@ built). ``abstract`` re-exports all three.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 Param = int | Fraction | str | None
 
+# every live term by (head, args, param): see ``Term``; weak, so a finished search's terms go
+_INTERNED: weakref.WeakValueDictionary[tuple[Any, ...], Term] = weakref.WeakValueDictionary()
+
 
 class Term:
     """An immutable, hashable abstract expression: ``head(param)(args...)``.
 
     Build terms with the normalizing constructors (``var``, ``const``, ``add``, ``mul``, ...),
-    not with ``Term(...)`` directly, so equal expressions compare equal.
+    not with ``Term(...)`` directly, so equal expressions compare equal. Terms are hash-consed:
+    building an expression that exists already returns the existing object, so comparing two
+    terms (as every memo and the oracle's caches do) costs an identity test instead of a walk
+    of both trees; a structural comparison remains the fallback (terms built by two threads
+    at once, or kept across the interning of their children).
     """
 
-    __slots__ = ("_hash", "_str", "args", "head", "param")
+    __slots__ = ("__weakref__", "_hash", "_str", "args", "head", "param")
 
     head: str
     args: tuple[Term, ...]
     param: Param
 
-    def __init__(self, head: str, args: tuple[Term, ...] = (), param: Param = None) -> None:
+    def __new__(cls, head: str, args: tuple[Term, ...] = (), param: Param = None) -> Term:
+        args = tuple(args)
+        key = (head, args, param)
+        got = _INTERNED.get(key)
+        if got is not None and type(got.param) is type(param):
+            return got
+        self = object.__new__(cls)
         object.__setattr__(self, "head", head)
-        object.__setattr__(self, "args", tuple(args))
+        object.__setattr__(self, "args", args)
         object.__setattr__(self, "param", param)
-        object.__setattr__(self, "_hash", hash((head, self.args, param)))
+        object.__setattr__(self, "_hash", hash(key))
         object.__setattr__(self, "_str", None)
+        if got is None:
+            _INTERNED[key] = self
+        return self
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Term is immutable")

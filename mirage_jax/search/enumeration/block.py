@@ -41,9 +41,11 @@ class BlockDFS:
     """Depth-first enumeration of one ``BlockTask`` (see the package docstring)."""
 
     def __init__(
-        self, task: BlockTask, space: Any, oracle: Any | None, deadline: float | None = None
+        self, task: BlockTask, space: Any, oracle: Any | None, deadline: float | None = None,
+        shared: dict[Any, Any] | None = None,
     ) -> None:
         self.task, self.space, self.oracle = task, space, oracle
+        self.shared = shared
         self.prune = task.prune and oracle is not None
         self.deadline = deadline
         self.ctx = BlockContext((1, 1, 1), task.forloop, task.arg_types)
@@ -271,8 +273,21 @@ class BlockDFS:
         operands' identities (``BlockValues``), which is what lets the native DFS call it."""
         mkey = (op, attrs, sids, st)
         hit = self._memo.get(mkey)
-        if hit is None:
-            hit = self._memo[mkey] = self._evaluate_fresh(op, attrs, sids, shape, st)
+        if hit is not None:
+            return hit
+        if self.shared is None:
+            hit = self._evaluate_fresh(op, attrs, sids, shape, st)
+        else:
+            # across the tasks of one search, by what the checks read: the operands'
+            # identities and the task's loop range, loop class and exp rule (the oracle,
+            # index events and pruning switch are the search's own)
+            task = self.task
+            skey = (op, attrs, tuple(self.values.ident[s] for s in sids), shape, st, self.R,
+                    task.loop_class, task.shifted_exp, self.prune, self.use_index)  # fmt: skip
+            hit = self.shared.get(skey)
+            if hit is None:
+                hit = self.shared[skey] = self._evaluate_fresh(op, attrs, sids, shape, st)
+        self._memo[mkey] = hit
         return hit
 
     def _evaluate_fresh(self, op, attrs, sids, shape, st) -> tuple | str:

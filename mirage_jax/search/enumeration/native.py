@@ -156,14 +156,15 @@ def _core() -> Any:
 
 def run_block_task(
     task: BlockTask, space: Any, oracle: Any | None, deadline: float | None = None,
-    engine: str = "auto",
+    engine: str = "auto", shared: dict[Any, Any] | None = None,
 ) -> BlockResult:
     """Enumerate one block task (the unit of work the runner hands to executors).
 
     ``engine``: "native" (C++), "python" (the reference) or "auto" (native when the native
-    module loads here; both give the same skeletons and counters)."""
+    module loads here; both give the same skeletons and counters). ``shared``: a cache of op
+    checks that tasks of one search share (``BlockDFS.evaluate``); it changes no result."""
     if engine not in ("auto", "native", "python"):
         raise ValueError(f"engine must be 'auto', 'native' or 'python', got {engine!r}")
     if engine == "python" or (engine == "auto" and native_core() is None):
-        return BlockDFS(task, space, oracle, deadline).run()
-    return NativeBlockDFS(task, space, oracle, deadline).run()
+        return BlockDFS(task, space, oracle, deadline, shared).run()
+    return NativeBlockDFS(task, space, oracle, deadline, shared).run()
