@@ -19,6 +19,7 @@ whether a verified candidate is the single graph-defined kernel Mirage finds for
     python benchmarks/search_table.py --bs 1 --programs gqa_decode,lora --no-time
     python benchmarks/search_table.py --top-k 8       # rank correlation over 8 candidates
     python benchmarks/search_table.py --rerank overlap=0,0.5,1
+    MIRAGE_JAX_CACHE_DIR=$(mktemp -d) python benchmarks/search_table.py --no-time --reuse-skeletons
 
 ``--rerank FIELD=V1,V2,...`` also ranks each search's timed candidates again with the host's
 cost model at every value of one ``CpuModel`` field, and prints rho and pick/best per value:
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=4,
                         help="verified candidates to time (and to correlate with the model)")
     parser.add_argument("--verbose", action="store_true", help="print every search report")
+    parser.add_argument("--reuse-skeletons", action="store_true",
+                        help="replay the skeletons of an earlier batch size (bs 8 after bs 1) "
+                        "instead of enumerating again (SearchConfig.reuse_skeletons)")
     parser.add_argument("--rerank", type=parse_rerank, metavar="FIELD=V1,V2,...",
                         help="also rank the timed candidates with a CpuModel field at each value")
     args = parser.parse_args(argv)
@@ -200,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     config = SearchConfig(time_budget_s=args.time_budget, workers=args.workers,
                           time_candidates=not args.no_time, progress=False,
                           max_verify=max(SearchConfig.max_verify, args.top_k),
-                          top_k_timed=args.top_k)  # fmt: skip
+                          top_k_timed=args.top_k,
+                          reuse_skeletons=args.reuse_skeletons)  # fmt: skip
     rows, reranked = [], []
     for bs in args.bs:
         for program in programs.programs(bs):

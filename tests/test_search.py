@@ -52,6 +52,7 @@ from mirage_jax.search.equivalence import (
     ff_check,
     float_check,
 )
+from mirage_jax.search.runner import REUSED
 
 FNS = {p.name: p.fn for p in programs.programs(1)}
 
@@ -433,6 +434,39 @@ def test_coverage_says_optimal_only_for_an_exhausted_search():
     assert "optimal" not in cut.coverage_text()
     assert cut.coverage_text().startswith("stopped by the time budget: ")
     assert "coverage: stopped by the time budget" in str(cut)
+
+
+@pytest.mark.parametrize("name, other", [
+    ("lora", [(16, 32), (32, 64), (32, 4), (4, 64)]),  # another batch
+    ("gqa_decode", [(2, 8, 16), (2, 16, 128), (2, 128, 16)]),  # a longer sequence
+])  # fmt: skip
+def test_skeletons_found_at_one_shape_are_replayed_at_another(name, other, tmp_path,
+                                                              monkeypatch):  # fmt: skip
+    monkeypatch.setenv("MIRAGE_JAX_CACHE_DIR", str(tmp_path))
+    cfg = fast_config(max_tasks=None, reuse_skeletons=True, max_verify=4)
+    first = superoptimize(target_of(name), cfg, executor=InlineExecutor()).report
+    assert first.exhausted and first.skeletons > 0, str(first)
+    target = target_of(name, other)
+    again = superoptimize(target, cfg, executor=InlineExecutor())
+    r = again.report
+    assert r.stop_reason == f"{REUSED} at other shapes (exhausted there)", str(r)
+    assert "not enumerated at these shapes" in r.coverage_text() and not r.exhausted
+    assert 0 < r.skeletons <= r.tasks <= first.skeletons and r.verified, str(r)
+    assert r.states < first.states / 10
+    assert any(programs.has_mirage_form(name, c.graph) for c in again.verified), str(r)
+    fresh = inputs([t.shape for t in target.input_types], seed=13)
+    want = evaluate(target, fresh, precision="float64")[0]
+    for c in again.verified:
+        assert_array_close(evaluate(c.graph, fresh)[0], want, dtype=np.float32,
+                           rtol=sum_rtol(longest_sum(target)), what=c.summary())  # fmt: skip
+
+
+def test_the_same_target_again_is_searched_not_replayed(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRAGE_JAX_CACHE_DIR", str(tmp_path))
+    cfg = fast_config(max_tasks=None, reuse_skeletons=True, max_verify=2)
+    for _ in range(2):  # its stored skeletons are its own: the second search is one too
+        assert superoptimize(target_of("lora"), cfg, executor=InlineExecutor()).report.exhausted
+    assert not SearchConfig().reuse_skeletons  # opt-in: a replay is not a search of the bounds
 
 
 def test_report_counts_every_stage_and_reads_well():

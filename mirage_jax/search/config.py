@@ -76,6 +76,10 @@ class SearchConfig:
     saturation_node_limit: int = 200_000
     saturation_time_s: float = 30.0
     prune: bool = True  # abstract-expression pruning (off only to test its soundness)
+    # replay the block skeletons a search of the same program at other extents found (the
+    # shape-generic cache, ``search.skeletons``) instead of enumerating: verified and timed
+    # as ever, but not a search of the bounds at these shapes (the report says so)
+    reuse_skeletons: bool = False
     # verification
     seed: int = 0
     trials: int = 3

@@ -107,6 +107,9 @@ class SearchReport:
         if self.exhausted:
             return (f"optimal within bounds: all {self.tasks} block tasks exhausted, "
                     f"{self.states} states")  # fmt: skip
+        if self.stop_reason.startswith("reused"):
+            return (f"{self.stop_reason}: {self.skeletons} skeletons replayed, not enumerated "
+                    "at these shapes")  # fmt: skip
         if not self.tasks:
             return self.stop_reason or "no block tasks"
         line = (f"stopped by the {self.stop_reason}: {self.tasks_exhausted}/{self.tasks} block "

@@ -51,7 +51,7 @@ from mirage_jax.ir.graph import KernelGraph, map_blocks
 from mirage_jax.ir.ops import Op
 from mirage_jax.ir.text import to_text
 from mirage_jax.search import enumeration as en
-from mirage_jax.search import ranking
+from mirage_jax.search import ranking, skeletons
 from mirage_jax.search.config import SearchConfig, SearchSpace
 from mirage_jax.search.equivalence import (
     FFSpec,
@@ -87,6 +87,9 @@ INCOMPLETE = "incomplete"
 # the stop reason of a search that ran every block task to its end: its result is the best
 # μGraph within its bounds (``explain`` says "optimal within bounds" only then)
 EXHAUSTED = "exhausted"
+# the stop reason of a search that replayed the skeletons a search at other shapes found
+# (``SearchConfig.reuse_skeletons``): its candidates were not enumerated at these shapes
+REUSED = "reused the skeletons found"
 
 
 class CostModel(Protocol):
@@ -260,8 +263,11 @@ class Exploration:
             setattr(self.report, name, getattr(self.report, name) + getattr(c, name))
 
     # -- block level ---------------------------------------------------------------------
-    def _tasks(self, space: SearchSpace, oracle: Any, sites: Sequence[en.Site]
+    def _tasks(self, space: SearchSpace, oracle: Any, sites: Sequence[en.Site],
+               reuse: dict[str, list[tuple[tuple[int, ...], Any]]] | None = None,
                ) -> list[tuple[en.Site, en.BlockTask]]:  # fmt: skip
+        """The block tasks of ``sites`` in priority order; with ``reuse`` (stored skeletons by
+        site signature, see ``skeletons``) one replay task per stored skeleton instead."""
         cfg = self.config
         index = en.IndexAnalysis(self.target) if cfg.prune else None
         if index is not None and not index.enabled:
@@ -276,23 +282,33 @@ class Exploration:
                 continue
             seen.add(key)
             arg_index = site.arg_index if index is not None else None
+            site_cost = ranking.site_cost(site)
+            structures = en.loop_structures(site.arg_types, space, extents, arg_index)
+
+            def task(fdims, forloop, loop_class, seeds, max_ops=space.max_block_ops,
+                     replay=False, site=site, arg_index=arg_index):  # fmt: skip
+                return en.BlockTask(
+                    site.arg_types, site.arg_terms, fdims, forloop, self.target.output_types,
+                    max_ops, cfg.max_states, cfg.prune, priority=0, arg_index=arg_index,
+                    out_index=tuple(index.outputs) if index is not None else None,
+                    events=index.events if index is not None else frozenset(),
+                    loop_class=loop_class, seeds=seeds, shifted_exp=shifted, replay=replay,
+                )  # fmt: skip
+
+            if reuse is not None:
+                by_fdims = {fdims: (forloop, cls) for fdims, forloop, _, cls in structures}
+                for fdims, macro in reuse.get(skeletons.site_signature(site), ()):
+                    if fdims in by_fdims:
+                        out.append(((site_cost, 0, 0, rank), site,
+                                    task(fdims, *by_fdims[fdims], (macro,), len(macro.nodes),
+                                         replay=True)))  # fmt: skip
+                continue
             seeds = en.target_macros(self.target, site.arg_terms, space.block_ops,
                                      single_leaf=True) if cfg.prune else ()  # fmt: skip
-            site_cost = ranking.site_cost(site)
-            for fdims, forloop, prio, loop_class in en.loop_structures(
-                site.arg_types, space, extents, arg_index
-            ):
+            for fdims, forloop, prio, loop_class in structures:
                 for seeded in ((seeds, ()) if seeds else ((),)):
-                    task = en.BlockTask(
-                        site.arg_types, site.arg_terms, fdims, forloop, self.target.output_types,
-                        space.max_block_ops, cfg.max_states, cfg.prune,
-                        priority=0, arg_index=arg_index,
-                        out_index=tuple(index.outputs) if index is not None else None,
-                        events=index.events if index is not None else frozenset(),
-                        loop_class=loop_class, seeds=seeded, shifted_exp=shifted,
-                    )  # fmt: skip
                     order = (site_cost, 0 if seeded else 1, prio, rank)
-                    out.append((order, site, task))
+                    out.append((order, site, task(fdims, forloop, loop_class, seeded)))
         out.sort(key=lambda x: x[0])
         self.report.sites = len(seen)
         return [(s, t) for _, s, t in out]
@@ -302,7 +318,9 @@ class Exploration:
         cfg = self.config
         if cfg.max_graph_defs < 1:
             return []
-        tasks = self._tasks(space, oracle, sites)
+        key = skeletons.shape_class(self.target, cfg)
+        reuse = skeletons.load(key, self.target) if cfg.reuse_skeletons else None
+        tasks = self._tasks(space, oracle, sites, reuse[0] if reuse else None)
         self.report.tasks = len(tasks)
         capped = cfg.max_tasks is not None and cfg.max_tasks < len(tasks)
         if capped:
@@ -315,6 +333,10 @@ class Exploration:
         results = results[: _state_cut(results, cfg.max_total_states)]
         found = self._merge(tasks, results)
         self._stop_reason(results, lost, capped)
+        if reuse is not None:
+            self.report.stop_reason = f"{REUSED} at other shapes ({reuse[1]} there)"
+        elif not lost:
+            skeletons.store(key, self.target, found, self.report.stop_reason)
         log.debug("block enumeration: %d tasks, %d skeletons (%s)", len(tasks), len(found),
                   self.report.stop_reason)  # fmt: skip
         return found
@@ -650,6 +672,6 @@ def _progress(config: SearchConfig, total: int, what: str) -> Any:
 
 
 __all__ = [
-    "EXHAUSTED", "INCOMPLETE", "Candidate", "CostModel", "Exploration", "SearchReport", "SearchResult",
+    "EXHAUSTED", "INCOMPLETE", "REUSED", "Candidate", "CostModel", "Exploration", "SearchReport", "SearchResult",
     "Timer", "explore", "fuse_kernel", "summarize", "superoptimize",
 ]  # fmt: skip

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mirage_jax.errors import GraphError, SearchError
-from mirage_jax.ir.ops import Op
+from mirage_jax.ir.ops import ACCUMULATORS, Op
 from mirage_jax.ir.shapes import BlockContext, infer, masked_dtype
 from mirage_jax.ir.types import TensorType
 from mirage_jax.search import abstract
@@ -72,7 +72,9 @@ class BlockDFS:
         start = time.perf_counter()
         try:
             self._init_iterators()
-            self._dfs(stage=self._apply_seeds())
+            stage = self._apply_seeds()
+            if stage >= 0 or not self.task.replay:
+                self._dfs(stage)
         except Stop:
             self.counters.truncated = True
         self.counters.complete = len(self.found)
@@ -200,16 +202,21 @@ class BlockDFS:
     def _macro_node(self, op, ins, attrs) -> tuple | None:
         """(key, type, term, phase, index info) of one macro op, or None if a check fails."""
         phases = {self.values.phase[i] for i in ins}
-        if BODY in phases and EPI in phases:
+        if op in ACCUMULATORS:  # a replayed skeleton's (target fragments have none)
+            if phases != {BODY} or self.R == 1:
+                return None
+            st = 2
+        elif BODY in phases and EPI in phases:
             return None
-        st = 3 if EPI in phases else 1 if BODY in phases else 0
+        else:
+            st = 3 if EPI in phases else 1 if BODY in phases else 0
         idents = [self.values.ident[self.values.sid[i]] for i in ins]
         try:
             (t,) = infer(op, tuple(x[0] for x in idents), dict(attrs), self.ctx)
         except GraphError:
             return None
         try:
-            lab = self._index_step(op, attrs, idents, t.shape, body=st == 1)
+            lab = self._index_step(op, attrs, idents, t.shape, body=st in (1, 2))
         except Conflict:
             return None
         phase = _PHASE_OF_STAGE[st]

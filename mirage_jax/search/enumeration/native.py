@@ -69,6 +69,8 @@ class NativeBlockDFS(BlockDFS):
         start = time.perf_counter()
         self._init_iterators()
         stage = self._apply_seeds()
+        if stage < 0 and self.task.replay:
+            return BlockResult(self.task, [], self.counters, time.perf_counter() - start)
         attrs = _Attrs()
         for op, _, a, _ in self.nodes:  # seeds' attributes first: the rank table's size
             attrs.code(a)

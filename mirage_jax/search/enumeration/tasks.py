@@ -41,6 +41,7 @@ class BlockTask:
     loop_class: Any = None  # the index class of the loop-split dims
     seeds: tuple[Macro, ...] = ()  # target fragments applied before the op-by-op search
     shifted_exp: bool = False  # every exp must take a max-shifted value (see terms.shifted_exps)
+    replay: bool = False  # the seed is a whole stored skeleton: nothing to search without it
 
     @property
     def label(self) -> str:
