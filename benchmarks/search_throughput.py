@@ -2,9 +2,9 @@
 
 For every suite program: trace it, build its block tasks as the search does (pruning on, the
 default bounds), take ``--tasks`` of them spread evenly over the priority order, and run each
-on one core with both engines (``engine="python"`` without the check cache the tasks of a
-search now share is the search as it was before the native core; ``engine="native"`` with
-it is the search now). Both must report the same skeletons and counters (checked); the
+on one core with both engines (``engine="python"`` without what the tasks of a search now
+share, ``SearchShare``, is the search as it was before the native core; ``engine="native"``
+with it is the search now). Both must report the same skeletons and counters (checked); the
 table gives states, seconds and states per second per engine, and the ratio.
 
     python benchmarks/search_throughput.py                       # bs 1, 24 tasks per program
@@ -40,10 +40,10 @@ def block_tasks(target, config):
 def measure(tasks, space, oracle, engine: str, shared: bool) -> tuple[int, float, list]:
     """Run ``tasks`` as one search's worker does: with a check cache they share, or (the
     search before the native core) without."""
-    from mirage_jax.search.enumeration import run_block_task
+    from mirage_jax.search.enumeration import SearchShare, run_block_task
 
     states, seconds, found = 0, 0.0, []
-    checks: dict | None = {} if shared else None
+    checks = SearchShare() if shared else None
     for task in tasks:
         start = time.perf_counter()
         res = run_block_task(task, space, oracle, engine=engine, shared=checks)

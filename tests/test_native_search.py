@@ -2,7 +2,8 @@
 
 For every block task of small versions of the suite programs and of masked attention, pruned
 and unpruned, with and without the state bound cutting it: the same skeletons in the same
-order and the same counters from ``engine="native"`` and ``engine="python"``. And the
+order and the same counters from ``engine="native"`` and ``engine="python"``, alone or
+sharing identities and checks with the other tasks of the search (``SearchShare``). And the
 default engine is the native one wherever the native module loads (CI installs it).
 """
 
@@ -16,6 +17,7 @@ from test_search import SMALL, target_of
 
 from mirage_jax.search import enumeration as en
 from mirage_jax.search.config import SearchConfig
+from mirage_jax.search.enumeration import SearchShare
 from mirage_jax.search.enumeration.native import native_core, run_block_task
 from mirage_jax.search.runner import Exploration
 from mirage_jax.search.workers import InlineExecutor, make_oracle
@@ -32,12 +34,15 @@ def _tasks(target, config):
     return space, oracle, [task for _, task in tasks]
 
 
-def _same(task, space, oracle, deadline=None) -> int:
+def _same(task, space, oracle, deadline=None, shares=(None, None)) -> int:
+    """The reference (alone) against the native engine and the reference, each sharing
+    identities and checks with the other tasks it ran (``shares``): the same result."""
     ref = run_block_task(task, space, oracle, deadline, engine="python")
-    got = run_block_task(task, space, oracle, deadline, engine="native")
-    assert got.counters == ref.counters, task.label
-    assert [str(s.block) for s in got.skeletons] == [str(s.block) for s in ref.skeletons]
-    assert [s.fdims for s in got.skeletons] == [s.fdims for s in ref.skeletons]
+    for engine, share in zip(("native", "python"), shares):
+        got = run_block_task(task, space, oracle, deadline, engine=engine, shared=share)
+        assert got.counters == ref.counters, (engine, task.label)
+        assert [str(s.block) for s in got.skeletons] == [str(s.block) for s in ref.skeletons]
+        assert [s.fdims for s in got.skeletons] == [s.fdims for s in ref.skeletons]
     return len(ref.skeletons)
 
 
@@ -52,10 +57,13 @@ TARGETS = {
 def test_native_and_python_engines_find_the_same_skeletons(name, prune):
     # a sample of tasks from the whole priority order (the reference is slow); unpruned, each
     # runs to its bound, so a smaller one
-    config = SearchConfig(max_states=2000 if prune else 300, prune=prune)
+    config = SearchConfig(max_states=2000 if prune else 200, prune=prune)
     space, oracle, tasks = _tasks(TARGETS[name](), config)
-    n = 16 if prune else 6
-    found = sum(_same(task, space, oracle) for task in tasks[:: max(1, len(tasks) // n)][:n])
+    n = 12 if prune else 4
+    shares = (SearchShare(), SearchShare())
+    found = sum(_same(task, space, oracle, shares=shares)
+                for task in tasks[:: max(1, len(tasks) // n)][:n])  # fmt: skip
+    assert len(shares[0]) > 0 and shares[0].memos
     if prune:
         assert found, "no task found a skeleton: the comparison would prove little"
 
@@ -79,7 +87,7 @@ def test_a_passed_deadline_stops_the_native_search():
 def test_the_default_engine_is_native_and_faster():
     space, oracle, tasks = _tasks(target_of("qknorm_attn"), SearchConfig(max_states=3000))
     # tasks that enumerate enough states to time the loop rather than the per-task setup
-    big = [t for t in tasks[:200] if run_block_task(t, space, oracle).counters.states >= 1000]
+    big = [t for t in tasks[:80] if run_block_task(t, space, oracle).counters.states >= 1000]
     assert len(big) >= 4
     seconds = {}
     for engine in ("python", "native", "auto"):

@@ -244,23 +244,20 @@ class BlockSearch {
     return attr_rank_[at];
   }
 
+  // sids are a search's (shared by its tasks, see SearchShare): sparse here, so maps
   void Register(int sid, const Shape& s, int phase, int sig) {
     if (sid < 0) throw std::logic_error("block DFS: negative sid");
-    if (static_cast<size_t>(sid) >= sids_.size()) {
-      sids_.resize(sid + 1);
-      fits_.resize(static_cast<size_t>(sid + 1) * outputs_, kUnknown);
-    }
-    SidInfo& info = sids_[sid];
-    if (info.phase < 0) info = {s, phase, sig};
-    if (static_cast<size_t>(sig) >= sig_count_.size()) sig_count_.resize(sig + 1, 0);
+    sids_.try_emplace(sid, SidInfo{s, phase, sig});
   }
 
   void PushValue(int sid, const Node& n, bool sealed, bool iter) {
+    const SidInfo* info = &sids_.at(sid);  // map nodes stay put: the pointer is stable
     vsid_.push_back(sid);
+    vinfo_.push_back(info);
     uses_.push_back(0);
     sealed_.push_back(sealed);
     nodes_.push_back(n);
-    ++sig_count_[sids_[sid].sig];
+    ++sig_count_[info->sig];
     if (n.in0 >= 0) ++uses_[n.in0];
     if (n.in1 >= 0) ++uses_[n.in1];
     if (!iter) ++n_ops_;
@@ -271,17 +268,18 @@ class BlockSearch {
     const Node& n = nodes_.back();
     if (n.in0 >= 0) --uses_[n.in0];
     if (n.in1 >= 0) --uses_[n.in1];
-    --sig_count_[sids_[vsid_.back()].sig];
+    --sig_count_[vinfo_.back()->sig];
     if (!iter_.back()) --n_ops_;
     vsid_.pop_back();
+    vinfo_.pop_back();
     uses_.pop_back();
     sealed_.pop_back();
     nodes_.pop_back();
     iter_.pop_back();
   }
 
-  int Phase(int v) const { return sids_[vsid_[v]].phase; }
-  const Shape& ShapeOf(int v) const { return sids_[vsid_[v]].shape; }
+  int Phase(int v) const { return vinfo_[v]->phase; }
+  const Shape& ShapeOf(int v) const { return vinfo_[v]->shape; }
 
   void Tick() {
     ++states_;
@@ -309,7 +307,8 @@ class BlockSearch {
       Move mv = moves_[depth][k];  // a copy: deeper levels may grow moves_
       const Eval& ev = Evaluate(mv);
       if (ev.kind != kAccepted) continue;
-      if (prune_ && sig_count_[ev.sig] > 0) {
+      auto seen = sig_count_.find(ev.sig);
+      if (prune_ && seen != sig_count_.end() && seen->second > 0) {
         ++duplicates_;
         continue;
       }
@@ -453,12 +452,12 @@ class BlockSearch {
   // -- completion (saving.py) ------------------------------------------------------------------
   int Fit(int v, int i) {
     int sid = vsid_[v];
-    int& slot = fits_[static_cast<size_t>(sid) * outputs_ + i];
-    if (slot == kUnknown) {
+    auto [slot, fresh] = fits_.try_emplace(static_cast<int64_t>(sid) * outputs_ + i, kUnknown);
+    if (fresh) {
       py::object r = fit_(sid, i);
-      slot = r.is_none() ? kNoFit : r.cast<int>();
+      slot->second = r.is_none() ? kNoFit : r.cast<int>();
     }
-    return slot;
+    return slot->second;
   }
 
   void Complete() {
@@ -518,12 +517,14 @@ class BlockSearch {
   double deadline_ = 0;
   bool prune_ = true;
 
-  std::vector<SidInfo> sids_;
-  std::vector<int> fits_, sig_count_;
+  std::unordered_map<int, SidInfo> sids_;
+  std::unordered_map<int64_t, int> fits_;
+  std::unordered_map<int, int> sig_count_;
   std::unordered_map<MemoKey, Eval, MemoHash> memo_;
 
   // the partial graph: per value its sid, uses, sealed flag, node
   std::vector<int> vsid_, uses_;
+  std::vector<const SidInfo*> vinfo_;
   std::vector<bool> sealed_, iter_;
   std::vector<Node> nodes_;
   int n_ops_ = 0;

@@ -4,7 +4,7 @@ with the timer it is given (a backend's): it never compiles code itself.
 
 ``superoptimize(kernel_graph, config, cost_model=...) -> SearchResult`` is the entry point
 (``runner``; ``report`` holds what it returns, ``workers`` the tasks it farms out, ``ranking``
-the order it verifies and times in);
+the order it verifies and times in, ``skeletons`` the shape-generic cache it may replay);
 ``SearchConfig`` (``mirage_jax.search.config``) bounds the search. Importing this package loads
 neither egglog nor a compiler: they are imported when a search runs.
 """

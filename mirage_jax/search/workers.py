@@ -137,8 +137,8 @@ _LOCAL = threading.local()
 # a long-lived worker (a Dask cluster's) serves search after search: keep the contexts of the
 # most recent few searches, not every e-graph it ever saturated
 _MAX_STATE = 16
-# entries of one search's shared check cache (see ``BlockDFS.evaluate``) before it is emptied
-_MAX_CHECKS = 400_000
+# value identities one search's block tasks share here (``SearchShare``) before it is emptied
+_MAX_IDENTITIES = 400_000
 
 
 def _state() -> dict[Any, Any]:
@@ -160,19 +160,19 @@ def prime(target_text: str, config: SearchConfig, target: KernelGraph, space: An
           oracle: Any) -> None:  # fmt: skip
     """Hand this process's own search context to the workers that run in it (the inline
     executor), so they do not saturate the target's e-graph a second time."""
-    _remember((target_text, config), (target, space, oracle, {}))
+    _remember((target_text, config), (target, space, oracle, en.SearchShare()))
 
 
 def _worker_context(target_text: str, config: SearchConfig
-                    ) -> tuple[KernelGraph, Any, Any, dict[Any, Any]]:  # fmt: skip
-    """(target, space, oracle, the block tasks' shared check cache) of one search."""
+                    ) -> tuple[KernelGraph, Any, Any, en.SearchShare]:  # fmt: skip
+    """(target, space, oracle, what its block tasks share here) of one search."""
     key = (target_text, config)
     hit = _state().get(key)
     if hit is None:
         target = parse(target_text)
         space = config.space(target)  # type: ignore[arg-type]
         oracle = make_oracle(target, config) if config.prune else None
-        hit = _remember(key, (target, space, oracle, {}))
+        hit = _remember(key, (target, space, oracle, en.SearchShare()))
     return hit
 
 
@@ -188,14 +188,14 @@ def make_oracle(target: KernelGraph, config: SearchConfig) -> Any:
 def block_worker(target_text: str, config: SearchConfig, task: en.BlockTask,
                  deadline: float) -> en.BlockResult:  # fmt: skip
     """Run one block task (in any process)."""
-    _, space, oracle, checks = _worker_context(target_text, config)
+    _, space, oracle, share = _worker_context(target_text, config)
     if time.time() > deadline:
         res = en.BlockResult(task)
         res.counters.truncated = res.counters.timed_out = True
         return res
-    if len(checks) > _MAX_CHECKS:
-        checks.clear()
-    return en.run_block_task(task, space, oracle, deadline, shared=checks)
+    if len(share) > _MAX_IDENTITIES:
+        share.clear()
+    return en.run_block_task(task, space, oracle, deadline, shared=share)
 
 
 def target_digest_worker(target_text: str, spec: FFSpec, trial: int) -> str:

@@ -59,6 +59,7 @@ from types import ModuleType
 
 from mirage_jax.search import abstract
 from mirage_jax.search.enumeration import index as _index
+from mirage_jax.search.enumeration.block import SearchShare
 from mirage_jax.search.enumeration.canonical import canonical_block
 from mirage_jax.search.enumeration.counters import Counters
 from mirage_jax.search.enumeration.index import IndexAnalysis
@@ -92,6 +93,7 @@ def _abstract() -> ModuleType:
 
 __all__ = [
     "BlockResult", "BlockTask", "Counters", "IndexAnalysis", "KernelDFS", "KernelEnumeration",
+    "SearchShare",
     "Site", "Skeleton", "Tiling", "build_kernel", "canonical_block", "instantiate",
     "is_max_shifted", "loop_structures", "reduce_extents", "run_block_task", "shifted_exps",
     "target_macros", "tilings",

@@ -29,7 +29,7 @@ from mirage_jax.search.enumeration.rules import BODY, EPI, INV, OP_RANK, N, attr
 from mirage_jax.search.enumeration.saving import Savers
 from mirage_jax.search.enumeration.tasks import BlockResult, BlockTask, Skeleton
 from mirage_jax.search.enumeration.terms import is_max_shifted
-from mirage_jax.search.enumeration.values import BlockValues
+from mirage_jax.search.enumeration.values import BlockValues, Identities
 
 # the phase of a value made by an op of each stage (accumulators end the loop: epilogue)
 _PHASE_OF_STAGE = {0: INV, 1: BODY, 2: EPI, 3: EPI}
@@ -37,15 +37,34 @@ _PHASE_OF_STAGE = {0: INV, 1: BODY, 2: EPI, 3: EPI}
 Pushed = list[tuple[int, tuple[int, ...]]]  # (value id, operands) of the ops a macro applied
 
 
+class SearchShare:
+    """What the block tasks of one search share in one process: the value identities (a sid
+    is the same value in every task) and the memo of op checks per task context, so that a
+    check one task made is not made again by the next."""
+
+    def __init__(self) -> None:
+        self.ids = Identities()
+        self.memos: dict[Any, dict[Any, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def memo(self, context: Any) -> dict[Any, Any]:
+        return self.memos.setdefault(context, {})
+
+    def clear(self) -> None:
+        self.ids = Identities()
+        self.memos = {}
+
+
 class BlockDFS:
     """Depth-first enumeration of one ``BlockTask`` (see the package docstring)."""
 
     def __init__(
         self, task: BlockTask, space: Any, oracle: Any | None, deadline: float | None = None,
-        shared: dict[Any, Any] | None = None,
+        shared: SearchShare | None = None,
     ) -> None:
         self.task, self.space, self.oracle = task, space, oracle
-        self.shared = shared
         self.prune = task.prune and oracle is not None
         self.deadline = deadline
         self.ctx = BlockContext((1, 1, 1), task.forloop, task.arg_types)
@@ -54,7 +73,7 @@ class BlockDFS:
         self.found: list[Skeleton] = []
         self.m = len(task.out_types)
         self._ops = block_vocabulary(space)
-        self.values = BlockValues()
+        self.values = BlockValues(shared.ids if shared is not None else None)
         self.use_index = self.prune and task.arg_index is not None
         self.checker = IndexChecker(task.events, task.loop_class)
         self.savers = Savers(task, self.values, oracle, self.prune, self.use_index)
@@ -64,7 +83,10 @@ class BlockDFS:
         self.sig_vid: dict[tuple[Any, ...], int] = {}
         self.n_ops = 0
         self.sealed: set[int] = set()
-        self._memo: dict[Any, Any] = {}
+        # the op checks read the operands' identities and these facts of the task (the
+        # oracle, index events and pruning switch are the search's own)
+        context = (self.R, task.loop_class, task.shifted_exp, self.prune, self.use_index)
+        self._memo: dict[Any, Any] = shared.memo(context) if shared is not None else {}
         self._tt: dict[Any, TensorType] = {}
 
     # -- driver ----------------------------------------------------------------------------
@@ -280,21 +302,8 @@ class BlockDFS:
         operands' identities (``BlockValues``), which is what lets the native DFS call it."""
         mkey = (op, attrs, sids, st)
         hit = self._memo.get(mkey)
-        if hit is not None:
-            return hit
-        if self.shared is None:
-            hit = self._evaluate_fresh(op, attrs, sids, shape, st)
-        else:
-            # across the tasks of one search, by what the checks read: the operands'
-            # identities and the task's loop range, loop class and exp rule (the oracle,
-            # index events and pruning switch are the search's own)
-            task = self.task
-            skey = (op, attrs, tuple(self.values.ident[s] for s in sids), shape, st, self.R,
-                    task.loop_class, task.shifted_exp, self.prune, self.use_index)  # fmt: skip
-            hit = self.shared.get(skey)
-            if hit is None:
-                hit = self.shared[skey] = self._evaluate_fresh(op, attrs, sids, shape, st)
-        self._memo[mkey] = hit
+        if hit is None:
+            hit = self._memo[mkey] = self._evaluate_fresh(op, attrs, sids, shape, st)
         return hit
 
     def _evaluate_fresh(self, op, attrs, sids, shape, st) -> tuple | str:

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from mirage_jax.ir.ops import Op
-from mirage_jax.search.enumeration.block import BlockDFS
+from mirage_jax.search.enumeration.block import BlockDFS, SearchShare
 from mirage_jax.search.enumeration.counters import Counters
 from mirage_jax.search.enumeration.rules import (
     COMMUTATIVE,
@@ -158,13 +158,13 @@ def _core() -> Any:
 
 def run_block_task(
     task: BlockTask, space: Any, oracle: Any | None, deadline: float | None = None,
-    engine: str = "auto", shared: dict[Any, Any] | None = None,
+    engine: str = "auto", shared: SearchShare | None = None,
 ) -> BlockResult:
     """Enumerate one block task (the unit of work the runner hands to executors).
 
     ``engine``: "native" (C++), "python" (the reference) or "auto" (native when the native
-    module loads here; both give the same skeletons and counters). ``shared``: a cache of op
-    checks that tasks of one search share (``BlockDFS.evaluate``); it changes no result."""
+    module loads here; both give the same skeletons and counters). ``shared``: what the tasks
+    of one search share in this process (``SearchShare``); it changes no result."""
     if engine not in ("auto", "native", "python"):
         raise ValueError(f"engine must be 'auto', 'native' or 'python', got {engine!r}")
     if engine == "python" or (engine == "auto" and native_core() is None):

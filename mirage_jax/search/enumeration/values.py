@@ -13,33 +13,21 @@ from mirage_jax.search.enumeration.terms import TermHasher
 Ident = tuple[TensorType, Any, int, Any]
 
 
-class BlockValues:
-    """Per-value state of a partial block graph, a stack indexed by value id.
-
-    ``sid`` interns a value's exact identity (type, term, phase, index info): every check the
-    DFS applies to an op is a function of its operands' sids, so sids key its memo and the
-    native DFS knows values by them (``ident`` maps them back). A value's *signature* (term
-    hash, shape, phase, index info) numbers it: two values with one signature compute the same
-    thing; ``sig_id`` interns signatures per sid.
-    """
+class Identities:
+    """Interned value identities: ``sid`` numbers a value's exact identity (type, term, phase,
+    index info), ``sig_id`` its signature (term hash, shape, phase, index info: two values with
+    one signature compute the same thing). The tasks of one search may share one table, so
+    that their op checks, memoized by operand sids, are shared too (``block.SearchShare``)."""
 
     def __init__(self) -> None:
-        self.types: list[TensorType] = []
-        self.terms: list[Any] = []
-        self.phase: list[int] = []
-        self.uses: list[int] = []
-        self.index: list[Any] = []
-        self.sid: list[int] = []
         self.ident: list[Ident] = []  # sid -> identity
         self.sig_id: list[int] = []  # sid -> interned signature
         self.hasher = TermHasher()
-        self._sig: list[Any] = []
-        self._sig_count: dict[Any, int] = {}
         self._interned: dict[Any, int] = {}
         self._sigs: dict[Any, int] = {}
 
     def __len__(self) -> int:
-        return len(self.types)
+        return len(self.ident)
 
     def intern(self, t: TensorType, term: Any, phase: int, labels: Any) -> int:
         """The sid of a value with this identity (a new one the first time)."""
@@ -51,6 +39,36 @@ class BlockValues:
             sig = self.sig(t, term, phase, labels)
             self.sig_id.append(self._sigs.setdefault(sig, len(self._sigs)))
         return sid
+
+    def sig(self, t: TensorType, term: Any, phase: int, labels: Any) -> Any:
+        return (self.hasher(term)[0], t.shape, phase, labels)
+
+
+class BlockValues:
+    """Per-value state of a partial block graph, a stack indexed by value id.
+
+    Each value has a sid (``Identities``): every check the DFS applies to an op is a function
+    of its operands' sids, so sids key its memo and the native DFS knows values by them.
+    """
+
+    def __init__(self, ids: Identities | None = None) -> None:
+        self.types: list[TensorType] = []
+        self.terms: list[Any] = []
+        self.phase: list[int] = []
+        self.uses: list[int] = []
+        self.index: list[Any] = []
+        self.sid: list[int] = []
+        self.ids = ids if ids is not None else Identities()
+        self.ident = self.ids.ident
+        self.sig_id = self.ids.sig_id
+        self.hasher = self.ids.hasher
+        self.intern = self.ids.intern
+        self.sig = self.ids.sig
+        self._sig: list[Any] = []
+        self._sig_count: dict[Any, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.types)
 
     def push(self, t: TensorType, term: Any, phase: int, labels: Any = None) -> int:
         """Add a value; its id."""
@@ -71,9 +89,6 @@ class BlockValues:
         self._sig_count[sig] -= 1
         for lst in (self.types, self.terms, self.phase, self.uses, self.index, self.sid):
             lst.pop()
-
-    def sig(self, t: TensorType, term: Any, phase: int, labels: Any) -> Any:
-        return (self.hasher(term)[0], t.shape, phase, labels)
 
     def computed(self, sig: Any) -> bool:
         """Does a value with this signature exist?"""
