@@ -167,6 +167,8 @@ def run_block_task(
     of one search share in this process (``SearchShare``); it changes no result."""
     if engine not in ("auto", "native", "python"):
         raise ValueError(f"engine must be 'auto', 'native' or 'python', got {engine!r}")
-    if engine == "python" or (engine == "auto" and native_core() is None):
+    # the core's tensors have rank <= 8 (_DIMS); higher ranks take the reference
+    fits = all(t.rank < len(_DIMS) for t in task.arg_types)
+    if engine == "python" or (engine == "auto" and (native_core() is None or not fits)):
         return BlockDFS(task, space, oracle, deadline, shared).run()
     return NativeBlockDFS(task, space, oracle, deadline, shared).run()
