@@ -17,8 +17,7 @@ namespace mirage_jax::search {
 namespace {
 
 constexpr int kMaxRank = 8;
-constexpr int kNoDim = -1;    // NONE_DIM: no dim / no saver split
-constexpr int kNoFit = -2;    // fit(): the value cannot be this output
+constexpr int kNoFit = -2;  // fit(): the value cannot be this output
 constexpr int kUnknown = -3;  // fit cache: not asked yet
 enum Phase { kInv = 0, kBody = 1, kEpi = 2 };
 // the counters an evaluate() drop may name (the order of Counters in native.py)
@@ -187,8 +186,9 @@ class BlockSearch {
     PushValue(sid, n, sealed, iter);
   }
 
-  // Runs the DFS from the initial graph; what it found is in found().
+  // Runs the DFS from the initial graph (pushed so far); what it found is in found().
   void Run(int stage) {
+    first_new_ = nodes_.size();
     try {
       Dfs(stage);
     } catch (StopSearch&) {
@@ -501,10 +501,6 @@ class BlockSearch {
     found_.emplace_back(std::move(nodes), std::move(savers));
   }
 
- public:
-  void MarkStart() { first_new_ = nodes_.size(); }
-
- private:
   py::function evaluate_, fit_;
   std::vector<std::pair<int, std::vector<int>>> unary_;
   std::vector<int> reduce_;
@@ -557,7 +553,6 @@ void BindBlockSearch(py::module_& m) {
            py::arg("evaluate"), py::arg("fit"))
       .def("add_sid", &BlockSearch::AddSid)
       .def("push", &BlockSearch::Push)
-      .def("mark_start", &BlockSearch::MarkStart)
       .def("run", &BlockSearch::Run)
       .def("counters", &BlockSearch::Counters)
       .def("found", &BlockSearch::Found);

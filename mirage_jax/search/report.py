@@ -95,8 +95,8 @@ class SearchReport:
 
     @property
     def projected_s(self) -> float | None:
-        """A lower estimate of the enumeration's seconds to exhaust every task: its time over
-        the share of tasks it finished (tasks cut by a bound would take longer still)."""
+        """A lower estimate of the enumeration's seconds, in all, to exhaust every task: its
+        time over the share of tasks it finished (tasks cut by a bound would take longer)."""
         if self.exhausted or not self.tasks_exhausted:
             return None
         return self.block_s / self.coverage
@@ -115,7 +115,7 @@ class SearchReport:
         line = (f"stopped by the {self.stop_reason}: {self.tasks_exhausted}/{self.tasks} block "
                 f"tasks exhausted ({100 * self.coverage:.1f}%), {self.states} states")
         if self.projected_s is not None:
-            line += f", about {self.projected_s:.0f}s more to exhaust"
+            line += f", about {self.projected_s:.0f}s of enumeration in all to exhaust"
         return line
 
     def __str__(self) -> str:

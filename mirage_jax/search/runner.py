@@ -32,8 +32,9 @@ result whichever executor runs the tasks, unless a *time* budget cuts the enumer
 deterministic bounds are ``max_states`` per task and ``max_total_states`` over the tasks in
 task order (a task finished past that cut is dropped, whichever worker finished first); the
 stop reason names what ended the enumeration, and only "exhausted" means the result is the
-best within the bounds (``SearchReport.coverage_text``). ``explore`` runs stages 1-5 alone, so that several searches
-can share a cluster and then time their candidates one after another on a quiet machine.
+best within the bounds (``SearchReport.coverage_text``). ``explore`` runs stages 1-5 alone, so
+that several searches can share a cluster and then time their candidates one after another on
+a quiet machine.
 """
 
 from __future__ import annotations
@@ -171,7 +172,6 @@ class Exploration:
         self.report = SearchReport(target=summarize(target), cost_model=repr(cost_model),
                                    workers=config.workers)  # fmt: skip
         self.lost = 0  # task losses (each retry that was lost again counts)
-        self._classes = 0  # structure classes among the ranked candidates
         self.start = time.time()
         self.deadline = self.start + config.time_budget_s
         self.text = to_text(target)
@@ -318,8 +318,8 @@ class Exploration:
         cfg = self.config
         if cfg.max_graph_defs < 1:
             return []
-        key = skeletons.shape_class(self.target, cfg)
-        reuse = skeletons.load(key, self.target) if cfg.reuse_skeletons else None
+        key = skeletons.shape_class(self.target, cfg) if cfg.reuse_skeletons else None
+        reuse = skeletons.load(key, self.target) if key is not None else None
         tasks = self._tasks(space, oracle, sites, reuse[0] if reuse else None)
         self.report.tasks = len(tasks)
         capped = cfg.max_tasks is not None and cfg.max_tasks < len(tasks)
@@ -335,7 +335,7 @@ class Exploration:
         self._stop_reason(results, lost, capped)
         if reuse is not None:
             self.report.stop_reason = f"{REUSED} at other shapes ({reuse[1]} there)"
-        elif not lost:
+        elif key is not None and not lost:
             skeletons.store(key, self.target, found, self.report.stop_reason)
         log.debug("block enumeration: %d tasks, %d skeletons (%s)", len(tasks), len(found),
                   self.report.stop_reason)  # fmt: skip
@@ -480,10 +480,6 @@ class Exploration:
         for c in cands:
             (rest if c.skeleton in seen else firsts).append(c)
             seen.add(c.skeleton)
-        # every structure class's best is verified, beyond max_verify if need be: an exhausted
-        # search offers more classes than a truncated one, and the cost model orders classes
-        # least reliably (see ranking.diversify)
-        self._classes = len({ranking.structure(c.graph) for c in firsts})
         return ranking.diversify(firsts) + rest
 
     def _candidate(self, site: en.Site, skel: en.Skeleton, tiling: en.Tiling) -> Candidate | None:
@@ -510,8 +506,11 @@ class Exploration:
         futs = getattr(self, "_digest_futures", None) or []
         digests = [self._collect(f, target_digest_worker, a) for f, a in futs] if futs else None
         deadline = self.start + cfg.time_budget_s * VERIFY_SHARE
+        # every structure class's best is verified, beyond max_verify if need be: an exhausted
+        # search offers more classes than a truncated one, and the cost model orders classes
+        # least reliably; ``diversify`` ranked the best of each class first
+        classes = len({ranking.structure(c.graph) for c in ranked})
         try:
-            classes = self._classes
             while pos < len(ranked) and (len(verified) < cfg.max_verify or pos < classes):
                 if verified and time.time() > deadline:
                     self.report.notes.append("verification stopped by the time budget")
@@ -672,6 +671,7 @@ def _progress(config: SearchConfig, total: int, what: str) -> Any:
 
 
 __all__ = [
-    "EXHAUSTED", "INCOMPLETE", "REUSED", "Candidate", "CostModel", "Exploration", "SearchReport", "SearchResult",
-    "Timer", "explore", "fuse_kernel", "summarize", "superoptimize",
+    "EXHAUSTED", "INCOMPLETE", "REUSED", "Candidate", "CostModel", "Exploration",
+    "SearchReport", "SearchResult", "Timer", "explore", "fuse_kernel", "summarize",
+    "superoptimize",
 ]  # fmt: skip

@@ -92,15 +92,19 @@ class BlockDFS:
     # -- driver ----------------------------------------------------------------------------
     def run(self) -> BlockResult:
         start = time.perf_counter()
-        try:
-            self._init_iterators()
-            stage = self._apply_seeds()
-            if stage >= 0 or not self.task.replay:
-                self._dfs(stage)
-        except Stop:
-            self.counters.truncated = True
+        self._init_iterators()
+        stage = self._apply_seeds()
+        if stage >= 0 or not self.task.replay:  # a replay whose seed failed has no search
+            self._search(stage)
         self.counters.complete = len(self.found)
         return BlockResult(self.task, self.found, self.counters, time.perf_counter() - start)
+
+    def _search(self, stage: int) -> None:
+        """The op-by-op search from the seeded graph (the native DFS overrides it)."""
+        try:
+            self._dfs(stage)
+        except Stop:
+            self.counters.truncated = True
 
     def _init_iterators(self) -> None:
         for arg, (t, term, f) in enumerate(

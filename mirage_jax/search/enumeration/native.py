@@ -12,7 +12,6 @@ fallback when the native module cannot be loaded).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from mirage_jax.ir.ops import Op
@@ -63,14 +62,9 @@ class _Attrs:
 
 
 class NativeBlockDFS(BlockDFS):
-    """``BlockDFS`` with ``_dfs`` run by the native core."""
+    """``BlockDFS`` with its op-by-op search run by the native core."""
 
-    def run(self) -> BlockResult:
-        start = time.perf_counter()
-        self._init_iterators()
-        stage = self._apply_seeds()
-        if stage < 0 and self.task.replay:
-            return BlockResult(self.task, [], self.counters, time.perf_counter() - start)
+    def _search(self, stage: int) -> None:
         attrs = _Attrs()
         for op, _, a, _ in self.nodes:  # seeds' attributes first: the rank table's size
             attrs.code(a)
@@ -83,7 +77,6 @@ class NativeBlockDFS(BlockDFS):
         for v, (op, ins, a, key) in enumerate(self.nodes):
             core.push(vals.sid[v], OP_RANK[op], attrs.code(a), list(ins), _key(key),
                       v in self.sealed)  # fmt: skip
-        core.mark_start()
         core.run(stage)
         got = core.counters()
         self.counters = Counters(**{f: got[f] for f in _FIELDS})
@@ -91,8 +84,6 @@ class NativeBlockDFS(BlockDFS):
             nodes = self.nodes + [(_OPS[op], tuple(ins), attrs.sets[a], None)
                                   for op, a, ins in new]  # fmt: skip
             self.found.append(self.savers._skeleton(nodes, savers))
-        self.counters.complete = len(self.found)
-        return BlockResult(self.task, self.found, self.counters, time.perf_counter() - start)
 
     def _evaluate_cb(self, attrs: _Attrs) -> Any:
         values = self.values
@@ -125,15 +116,17 @@ class NativeBlockDFS(BlockDFS):
             per_op[op] = dims[1:]
         matmul = OP_RANK[Op.MATMUL] if ops["matmul"] else -1
         concat = OP_RANK[Op.CONCAT] if ops["concat"] else -1
-        per_op[matmul], per_op[concat] = [empty], dims[1:]
+        if matmul >= 0:
+            per_op[matmul] = [empty]
+        if concat >= 0:
+            per_op[concat] = dims[1:]
         acc = [(OP_RANK[op], op is Op.ACC_RESCALE_SUM) for op in ops["acc"]]
         for op, rescale in acc:
             per_op[op] = [empty] if rescale else dims
         ranks = []
         for op, codes in per_op.items():
-            if op >= 0:
-                order = sorted(codes, key=lambda c: attr_key(attrs.sets[c]))
-                ranks += [(op, c, r) for r, c in enumerate(order)]
+            order = sorted(codes, key=lambda c: attr_key(attrs.sets[c]))
+            ranks += [(op, c, r) for r, c in enumerate(order)]
         return {
             "unary": unary, "reduce": reduce, "binary": binary, "matmul": matmul,
             "concat": concat, "acc": acc, "dim_attr": dims, "empty_attr": empty,
