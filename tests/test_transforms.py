@@ -161,6 +161,33 @@ def test_a_training_step_under_optimize_plans_its_backward_regions(name: str) ->
     _close(fast(*fresh), jax.jit(step)(*fresh))
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_grad_of_an_optimized_function_plans_the_backward_as_a_region(name: str) -> None:
+    """Reverse mode through a custom-call region runs the region's backward as a region of its
+    own (here forced to a custom call too), and explain reports it after the first grad."""
+    fn, shapes = CASES[name]
+    fast = _optimized(fn, "as_is")
+    args = _inputs(shapes, seed=16)
+    argnums = tuple(range(len(args)))
+    assert "backward" not in fast.explain(*args)
+    step = jax.jit(jax.value_and_grad(_loss(fast), argnums=argnums))
+    fresh = _inputs(shapes, seed=17)
+    _close(step(*fresh), jax.jit(jax.value_and_grad(_loss(fn), argnums=argnums))(*fresh))
+    report = fast.explain(*args)
+    assert "backward, planned at the first reverse pass" in report, report
+    regions = len(fast.plan(*args).regions)
+    hlo = step.lower(*fresh).as_text()
+    assert hlo.count("mirage_jax_dispatch") >= 2 * regions, report
+
+
+def test_second_derivatives_equal_jax(strategy: str) -> None:
+    fn, shapes = CASES["gated_mlp"]
+    fast = _optimized(fn, strategy)
+    x, w1, w2 = _inputs(shapes, seed=18)
+    for hess in (jax.hessian, lambda f: jax.jacrev(jax.jacrev(f))):
+        _close(hess(lambda x: _loss(fast)(x, w1, w2))(x), hess(lambda x: _loss(fn)(x, w1, w2))(x))
+
+
 def test_forward_only_regions_are_not_called_backward() -> None:
     fn, shapes = CASES["gated_mlp"]
     plan = _optimized(fn, "as_is").plan(*_inputs(shapes, seed=12))

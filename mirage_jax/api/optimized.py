@@ -27,7 +27,7 @@ import jax
 from mirage_jax.backend import Backend, backend_for
 from mirage_jax.errors import MirageError
 from mirage_jax.frontend import TracedProgram, trace
-from mirage_jax.planner.autodiff import with_derivatives
+from mirage_jax.planner.autodiff import TangentMap, with_derivatives
 from mirage_jax.planner.batching import with_batching
 from mirage_jax.planner.region import RegionPlan, plan_regions
 
@@ -77,6 +77,7 @@ class Plan:
     regions: tuple[RegionPlan, ...]
     traceable: Callable[..., Any]
     jitted: Callable[..., Any]
+    tangent_maps: dict[int, TangentMap] = field(default_factory=dict)  # per custom-call region
 
     def report(self) -> str:
         lines = [f"{len(self.regions)} region(s), {len(self.program.cuts)} cut(s)"]
@@ -84,6 +85,11 @@ class Plan:
             lines.append(plan.describe())
         for cut in self.program.cuts:
             lines.append(f"cut: {cut}")
+        for index, tangent_map in self.tangent_maps.items():
+            backward = tangent_map.report()
+            if backward is not None:
+                lines.append(f"region {index}'s backward, planned at the first reverse pass:")
+                lines.extend("  " + line for line in backward.splitlines())
         return "\n".join(lines)
 
 
@@ -134,6 +140,10 @@ class Optimized:
 
     def explain(self, *args: Any) -> str:
         return self.plan(*args).report()
+
+    def plans(self) -> tuple[Plan, ...]:
+        """Every specialisation planned so far."""
+        return tuple(self._plans.values())
 
 
 def optimize(
@@ -200,8 +210,10 @@ def _build_plan(
         [a for i, a in enumerate(args) if i not in static_argnums]))  # fmt: skip
     with jax.ensure_compile_time_eval():
         regions = plan_regions(program, options, backend)
-    impls = {p.index: _transformable(p.impl, program.region_callable(p.index), options)
-             for p in regions if p.impl is not None}  # fmt: skip
+    transformable = {p.index: _transformable(program, p.index, p.impl, options)
+                     for p in regions if p.impl is not None}  # fmt: skip
+    impls = {index: call for index, (call, _) in transformable.items()}
+    tangent_maps = {index: tangent_map for index, (_, tangent_map) in transformable.items()}
     for p in regions:
         log.info("%s", p.describe())
 
@@ -212,15 +224,20 @@ def _build_plan(
     def run(*dynamic: Any) -> Any:
         return program.run(*dynamic, region_impls=impls)
 
-    return Plan(program, backend, regions, run, jax.jit(run))
+    return Plan(program, backend, regions, run, jax.jit(run), tangent_maps)
 
 
-def _transformable(kernel: Callable[..., Any], reference: Callable[..., Any],
-                   options: OptimizeOptions) -> Callable[..., Any]:  # fmt: skip
-    """A region's kernel as jax transformations expect it: differentiable like the region as
-    XLA computes it, and batched by planning the vmapped region as a region of its own."""
-    batchable = with_batching(kernel, reference, lambda fn: Optimized(fn, options))
-    return with_derivatives(batchable, reference)
+def _transformable(program: TracedProgram, index: int, kernel: Callable[..., Any],
+                   options: OptimizeOptions) -> tuple[Callable[..., Any], TangentMap]:  # fmt: skip
+    """A region's kernel as jax transformations expect it: batched by planning the vmapped
+    region, and differentiated by planning its backward, each as a region of its own."""
+    reference = program.region_callable(index)
+
+    def plan(fn: Callable[..., Any]) -> Optimized:
+        return Optimized(fn, options)
+
+    batchable = with_batching(kernel, reference, plan)
+    return with_derivatives(batchable, reference, len(program.regions[index].inputs), plan)
 
 
 def _xla_call(fn: Callable[..., Any], args: Sequence[Any], static_argnums: tuple[int, ...]
