@@ -7,14 +7,16 @@ For every program at one batch size (``--bs``, default 1) it prints one row:
   regions and how many became custom calls (the rest stayed with XLA: ``explain`` says why),
   the step's speedup over ``jax.jit`` of the same step in this process, and the largest error
   of the loss and gradients relative to ``jax.jit``'s (per leaf, of its largest element);
-- ``grad(opt)``: ``jax.value_and_grad`` of the optimized program itself (the kernel computes
-  the forward values, XLA the derivatives of the region): its speedup over ``jax.jit`` and
+- ``grad(opt)``: ``jax.value_and_grad`` of the optimized program itself: the forward regions'
+  custom calls, the backward regions (planned at the first reverse pass, one per custom-call
+  region) and how many became custom calls, its speedup over ``jax.jit`` of the step and
   error;
 - ``vmap``: ``jax.vmap`` over 4 batches of the optimized program, whether it ran as one custom
   call per region (planned at the batched shape), and its error against ``jax.vmap`` of
   ``jax.jit``;
 - ``bf16``: the program with bfloat16 inputs and weights: the forward's speedup over
-  ``jax.jit`` of the bf16 program and its error against it.
+  ``jax.jit`` of the bf16 program, over our own float32 plan of the program, and its error
+  against ``jax.jit``.
 
     python benchmarks/training.py [--bs 1] [--programs lora gated_mlp] [--json out.json]
                                   [--search-s 20]
@@ -73,6 +75,14 @@ def fates(plan: Any) -> dict[str, str]:
     return out
 
 
+def backward_fates(fast: Any, args: Any) -> str:
+    """'custom calls/regions' over the backward plans of ``fast``'s custom-call regions."""
+    regions = [r for tangent_map in fast.plan(*args).tangent_maps.values()
+               for b in tangent_map.backward.values() for plan in b.plans()
+               for r in plan.regions]  # fmt: skip
+    return f"{sum(r.impl is not None for r in regions)}/{len(regions)}"
+
+
 def speedup(fast: Any, xla: Any, args: Any) -> float:
     t_fast, t_xla = compare(fast, xla, args, rounds=5, budget_s=0.4)
     return t_xla / t_fast
@@ -95,7 +105,8 @@ def case(program: programs.Program, config: Any) -> dict[str, Any]:
     fast = mj.optimize(program.fn, config=config)
     grad_of_fast = jax.jit(jax.value_and_grad(loss_of(fast), argnums=argnums))
     row["grad_custom_calls"] = fates(fast.plan(*args))["fwd"]
-    row["grad_speedup"] = speedup(grad_of_fast, jax.jit(step), args)
+    row["grad_speedup"] = speedup(grad_of_fast, jax.jit(step), args)  # plans the backward
+    row["grad_bwd"] = backward_fates(fast, args)
     row["grad_err"] = rel_error(grad_of_fast(*args), jax.jit(step)(*args))
 
     batched_args = [jnp.stack([a] * 4) for a in args]
@@ -110,21 +121,25 @@ def case(program: programs.Program, config: Any) -> dict[str, Any]:
     row["bf16"] = fates(hfast.plan(*hargs))["fwd"]
     row["bf16_speedup"] = speedup(hfast, jax.jit(half.fn), hargs)
     row["bf16_err"] = rel_error(hfast(*hargs), jax.jit(half.fn)(*hargs))
+    # the same program in f32 against bf16: time each on its own arguments
+    row["bf16_over_f32"] = speedup(lambda *_: hfast(*hargs), lambda *_: fast(*args), ())
     return row
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = (f"{'program':15} {'step fwd':>8} {'bwd':>5} {'step':>6} {'err':>8} {'plan':>6} "
-            f"{'grad(opt)':>9} {'err':>8} {'vmap 1 call':>11} {'err':>8} "
-            f"{'bf16':>5} {'speedup':>7} {'err':>8}")  # fmt: skip
+            f"{'grad fwd':>8} {'bwd':>5} {'grad':>6} {'err':>8} {'vmap 1 call':>11} {'err':>8} "
+            f"{'bf16':>5} {'speedup':>7} {'/f32':>6} {'err':>8}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['program']:15} {r['step']['fwd']:>8} {r['step']['bwd']:>5} "
               f"{r['step_speedup']:>5.2f}x {r['step_err']:>8.1e} {r['step_plan_s']:>5.0f}s "
-              f"{r['grad_speedup']:>8.2f}x {r['grad_err']:>8.1e} "
+              f"{r['grad_custom_calls']:>8} {r['grad_bwd']:>5} "
+              f"{r['grad_speedup']:>5.2f}x {r['grad_err']:>8.1e} "
               f"{'yes' if r['vmap_one_call'] else 'no':>11} {r['vmap_err']:>8.1e} "
-              f"{r['bf16']:>5} {r['bf16_speedup']:>6.2f}x {r['bf16_err']:>8.1e}")  # fmt: skip
+              f"{r['bf16']:>5} {r['bf16_speedup']:>6.2f}x {r['bf16_over_f32']:>5.2f}x "
+              f"{r['bf16_err']:>8.1e}")  # fmt: skip
 
 
 def main() -> None:
