@@ -621,7 +621,7 @@ def test_contains_is_cached() -> None:
 
 
 def test_frozen_table_agrees_with_egglog() -> None:
-    oracle = SubexprOracle(G.attention_plain(2, 8, 16, 64))
+    oracle = SubexprOracle(G.attention_plain(2, 8, 16, 64), keep_egraph=True)
     probe: set[Term] = set()
     graphs = (G.attention_fused(2, 8, 16, 64), G.attention_fused(2, 8, 16, 64, variant="acc_max"),
               G.rmsnorm_linear_plain(8, 64, 16))  # fmt: skip
@@ -633,6 +633,8 @@ def test_frozen_table_agrees_with_egglog() -> None:
     found = {t: oracle.class_of(t) is not None for t in binary}
     assert any(found.values()) and not all(found.values())
     assert {t: oracle.check_with_egglog(t) for t in binary} == found
+    with pytest.raises(SearchError, match="keep_egraph=True"):
+        SubexprOracle(G.rmsnorm_linear_plain(8, 64, 16)).check_with_egglog(binary[0])
 
 
 def test_query_cost() -> None:

@@ -543,8 +543,9 @@ class SubexprOracle:
     """
 
     def __init__(
-        self, target: KernelGraph | Sequence[Term], *, budget: SaturationBudget | None = None
-    ) -> None:
+        self, target: KernelGraph | Sequence[Term], *, budget: SaturationBudget | None = None,
+        keep_egraph: bool = False,
+    ) -> None:  # fmt: skip
         # egglog is heavy and needed only once an oracle is built: importing this module
         # (and so the search package) must not load it
         from mirage_jax.search.egraph import saturate
@@ -554,7 +555,7 @@ class SubexprOracle:
         )
         self.budget = budget or SaturationBudget()
         self.stats = OracleStats()
-        self._index = saturate(self.targets, self.budget, self.stats)
+        self._index = saturate(self.targets, self.budget, self.stats, keep_egraph=keep_egraph)
         self._outputs = tuple(self._index.class_of(t) for t in self.targets)
         self._answers: dict[Term, bool] = {}
 

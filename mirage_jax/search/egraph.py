@@ -47,6 +47,7 @@ from egglog import (
 )
 from egglog import var as evar
 
+from mirage_jax.errors import SearchError
 from mirage_jax.search.abstract_terms import OracleStats, SaturationBudget, Term
 from mirage_jax.search.axioms import AXIOMS, SCHEDULE, Axiom, Cond, Param, Pat
 
@@ -379,8 +380,10 @@ def _fold(get: Any, name: str, args: Sequence[int]) -> int | None:
 class EGraphIndex:
     """A saturated e-graph frozen into Python: e-node key -> dense e-class id."""
 
-    def __init__(self, egraph: EGraph) -> None:
-        self._egraph = egraph
+    def __init__(self, egraph: EGraph, keep_egraph: bool = False) -> None:
+        # egglog's e-graph may only be dropped on the thread that made it: kept, the index
+        # would drop it wherever the index dies (a worker's cyclic GC ran it on another one)
+        self._egraph = egraph if keep_egraph else None
         raw = egraph._egraph  # the bindings e-graph: freeze() gives every function's rows
         frozen = raw.freeze()
         decoders = {"i64": raw.value_to_i64, "BigRat": raw.value_to_bigrat,
@@ -444,6 +447,9 @@ class EGraphIndex:
         return cls
 
     def check_with_egglog(self, term: Term) -> bool:
+        if self._egraph is None:
+            raise SearchError("this index did not keep its e-graph",
+                              remedy="saturate with keep_egraph=True to cross-check it")
         with quiet_egglog():
             return self._egraph.check_bool(to_egglog(term))
 
@@ -458,15 +464,17 @@ def saturate(
     stats: OracleStats | None = None,
     axioms: Sequence[Axiom] = AXIOMS,
     schedule: Sequence[tuple[str, int | None]] = SCHEDULE,
+    keep_egraph: bool = False,
 ) -> EGraphIndex:
     """Saturate the e-graph of ``targets`` under ``axioms``, stage by stage as ``schedule``
-    says, within ``budget``; freeze it.
+    says, within ``budget``; freeze it (``keep_egraph``: keep egglog's e-graph too, for
+    ``check_with_egglog``).
 
     ``stats.saturated`` is True when every step of the schedule finished (each unbounded step
     reached its fixpoint); ``stats.stop_reason`` names the limit hit otherwise.
     """
     with quiet_egglog():
-        return _saturate(targets, budget, stats, axioms, schedule)
+        return _saturate(targets, budget, stats, axioms, schedule, keep_egraph)
 
 
 def _saturate(
@@ -475,6 +483,7 @@ def _saturate(
     stats: OracleStats | None,
     axioms: Sequence[Axiom],
     schedule: Sequence[tuple[str, int | None]],
+    keep_egraph: bool,
 ) -> EGraphIndex:
     stats = stats if stats is not None else OracleStats()
     start = time.perf_counter()
@@ -488,7 +497,7 @@ def _saturate(
         egraph.register(to_egglog(t, memo))
     stats.stop_reason = _run_schedule(egraph, axioms, schedule, budget, stats, start)
     stats.saturated = stats.stop_reason == "saturated"
-    index = EGraphIndex(egraph)
+    index = EGraphIndex(egraph, keep_egraph)
     stats.saturation_s = time.perf_counter() - start
     stats.enodes, stats.eclasses = index.num_nodes, index.num_classes
     return index
