@@ -200,7 +200,9 @@ _CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 {extra}\n\nprocessor\t: 1\nflags
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
+        ("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16", "avx512bf16"),
         ("avx2 fma avx512f avx512bw avx512vl avx512dq", "avx512"),
+        ("avx2 fma avx512f avx512_bf16", "avx2"),  # BF16 without the x86-64-v4 set
         ("avx2 fma avx512f", "avx2"),  # incomplete AVX-512 set
         ("avx2 fma", "avx2"),
         ("avx2", "generic"),  # AVX2 without FMA is not x86-64-v3
@@ -216,6 +218,7 @@ def test_host_isa_agrees_with_cpuinfo_and_flags_are_explicit() -> None:
     assert detected in isa.ISAS
     if isa.is_x86():
         assert detected == isa._isa_from_cpuinfo(isa.read_cpuinfo())
+        assert isa.isa_flags("avx512bf16") == ("-march=x86-64-v4", "-mavx512bf16")
         assert isa.isa_flags("avx512") == ("-march=x86-64-v4",)
         assert isa.isa_flags("avx2") == ("-march=x86-64-v3",)
         assert isa.isa_flags("generic") == ("-march=x86-64",)
@@ -225,7 +228,7 @@ def test_host_isa_agrees_with_cpuinfo_and_flags_are_explicit() -> None:
 def test_isa_override_caps_and_validates(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(isa.ISA_ENV, "generic")
     assert isa.host_isa() == "generic"
-    monkeypatch.setenv(isa.ISA_ENV, "avx512")
+    monkeypatch.setenv(isa.ISA_ENV, isa.ISAS[-1])
     assert isa.host_isa() == isa.detected_isa()  # never above what the CPU has
     monkeypatch.setenv(isa.ISA_ENV, "sse9")
     with pytest.raises(CompileError, match="MIRAGE_JAX_ISA"):

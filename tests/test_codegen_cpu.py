@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from tolerance import assert_array_close, bad_elements, product_scale, typical
 
+from mirage_jax.backend.cpu import isa
 from mirage_jax.backend.cpu.emit import TABLE, emit_cpu, splits_loop
 from mirage_jax.errors import CompileError
 from mirage_jax.interpret import evaluate
@@ -59,9 +60,10 @@ def run_cpu(graph: KernelGraph, inputs: list[np.ndarray], flags: tuple[str, ...]
             ) -> list[np.ndarray]:  # fmt: skip
     """Emit, compile (build.py), register (runtime) and call ``graph`` inside jax.jit."""
     from mirage_jax.backend.cpu.build import compile_shared_library
+    from mirage_jax.backend.cpu.isa import host_isa
     from mirage_jax.runtime import kernel_call, load_kernel
 
-    symbol = "mj_test_" + graph.fingerprint()[:20]
+    symbol = f"mj_test_{host_isa()}_{graph.fingerprint()[:20]}"  # one kernel per ISA level
     lib = compile_shared_library(emit_cpu(graph, symbol), name_hint=symbol, extra_flags=flags)
     name = load_kernel(lib, symbol)
     avals = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in graph.output_types]
@@ -759,6 +761,25 @@ def test_half_types_in_a_block(rng: np.random.Generator, dtype: DType) -> None:
     g = _kernel(bb.build())
     inputs = [rand(rng, t) for t in g.input_types]
     _half_close(run_cpu(g, inputs), g, inputs)
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=lambda d: d.value)
+def test_half_matmul_operands_read_in_place_at_every_isa(
+    rng: np.random.Generator, dtype: DType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half-precision tiles that only matmuls read are read in place and widened in registers
+    (with AVX512_BF16, two bf16 operands multiply as pairs): odd K (the pair tail), a column
+    tail, accumulated over the loop, at every ISA level this host runs."""
+    bb = BlockBuilder((2, 1, 1), 3, (T(12, 63, dtype=dtype), T(63, 37, dtype=dtype)))
+    xt = bb.input_iter(0, (0, N, N), fdim=1)  # [6, 21]
+    wt = bb.input_iter(1, (N, N, N), fdim=0)  # [21, 37]
+    bb.output_saver(bb.apply(Op.ACC_SUM, bb.apply(Op.MATMUL, xt, wt)), (0, N, N))
+    g = _kernel(bb.build())
+    assert emit_cpu(g, "mj_probe").count("mj::tile_ref") == 2
+    inputs = [rand(rng, t) for t in g.input_types]
+    for level in isa.ISAS[: isa.ISAS.index(isa.detected_isa()) + 1]:
+        monkeypatch.setenv(isa.ISA_ENV, level)
+        _half_close(run_cpu(g, inputs), g, inputs)
 
 
 def test_mixed_precision_bf16_weights_f32_activations(rng: np.random.Generator) -> None:

@@ -208,7 +208,7 @@ const char* CpuIsa() {
   // libgcc's checks include OS support (XCR0), so a kernel that passes can use the registers.
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    return "avx512";
+    return __builtin_cpu_supports("avx512bf16") ? "avx512bf16" : "avx512";
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2";
 #endif

@@ -1,11 +1,11 @@
 // half.h - kernel-level folds and products over half-precision tensors.
 //
 // Elementwise loops, copies, concat and transpose read and write bf16 / f16 elements directly
-// (elementwise.h widens each element as it is read). Reductions and matmuls fold in one
-// element type, so a half-precision operand is widened once into an aligned float buffer and
-// a half-precision result computed in float and rounded as it is copied out. Block-level code
-// never needs this: its tiles of half-precision values are float, loaded and stored with the
-// conversion (tile.h).
+// (elementwise.h widens each element as it is read), and so do matmuls (in registers:
+// matmul.h). Reductions fold in one element type, so a half-precision operand is widened once
+// into an aligned float buffer; a half-precision result of either is computed in float and
+// rounded as it is copied out. Block-level code never needs this: its tiles of
+// half-precision values are float, loaded and stored with the conversion (tile.h).
 #pragma once
 
 #include <new>

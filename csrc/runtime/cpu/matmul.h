@@ -8,8 +8,16 @@
 //                   then the last N % W columns with a scalar-column kernel; rows in MR steps
 //                   (a strided B panel reused by 3+ row panels is packed densely first).
 //   k::matmul       splits batch x M x N into tasks over the pool, K in cache-sized chunks.
-// All sizes and leading dimensions are compile-time constants. Accumulation is in T.
+// All sizes and leading dimensions are compile-time constants. Accumulation is in T, C's type;
+// A and B may be stored in a half-precision type (TA, TB): they are widened in registers as
+// they are read, so a bf16 weight streams from memory at half the bytes of a float one. Where
+// the ISA has AVX512_BF16 and both operands are bf16, micro_dp multiplies pairs of them with
+// one instruction (bf16 products are exact in float: only the summation order differs).
 #pragma once
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #include "cpu/half.h"
 #include "cpu/parallel.h"
@@ -61,20 +69,110 @@ MJ_INLINE V vfma(V a, V b, V c) {
   return a * b + c;
 }
 
-// Prefetch (into L2) the lines of NV vectors of one row of B, PF elements past `row`.
-template <class T, int NV, i64 PF>
-MJ_INLINE void prefetch_row(const T* row) {
+// Half a register of 16-bit elements: as many as a vf32 has lanes.
+typedef std::uint16_t vu16_half __attribute__((vector_size(MJ_VEC_BYTES / 2)));
+typedef _Float16 vf16_half __attribute__((vector_size(MJ_VEC_BYTES / 2)));
+typedef std::uint32_t vu32 __attribute__((vector_size(MJ_VEC_BYTES)));
+
+// One vector of V's lanes read from elements of type U, widened to V's lane type in
+// registers: bf16 is the high half of a float (a shift), f16 converts (F16C where present).
+template <class V, class U>
+MJ_INLINE V load_wide(const U* p) {
+  if constexpr (std::is_same_v<U, lane_t<V>>) {
+    return vload<V>(p);
+  } else {
+    static_assert(std::is_same_v<V, vf32> && sizeof(U) == 2, "widens half to float");
+    if constexpr (std::is_same_v<U, bf16>) {
+      vu16_half h;
+      std::memcpy(&h, p, sizeof(h));
+      return reinterpret_cast<vf32>(__builtin_convertvector(h, vu32) << 16);
+    } else {
+      vf16_half h;
+      std::memcpy(&h, p, sizeof(h));
+      return __builtin_convertvector(h, vf32);
+    }
+  }
+}
+
+// Prefetch (into L2) the lines of NV vectors (of T's lanes) of one row of B, PF elements
+// past `row`.
+template <class T, int NV, i64 PF, class U>
+MJ_INLINE void prefetch_row(const U* row) {
   if constexpr (PF != 0) {
 #pragma GCC unroll 8
-    for (int v = 0; v < NV * lanes<T>; v += 64 / static_cast<int>(sizeof(T)))
+    for (int v = 0; v < NV * lanes<T>; v += 64 / static_cast<int>(sizeof(U)))
       __builtin_prefetch(row + v + PF, 0, 2);
   }
 }
 
+#if defined(__AVX512BF16__)
+inline constexpr bool kDotBf16 = true;
+
+// micro for float C and bf16 A and B with VDPBF16PS: each instruction adds the products of
+// a pair of A's elements (k, k + 1, one 32-bit broadcast) with the same pair of B's rows,
+// interleaved into the halves of each 32-bit lane. An odd K's last k pairs with zeros.
+// Denormal bf16 operands count as zero (the instruction's DAZ): they are below 1.2e-38.
+template <int MR, int NV, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF>
+MJ_INLINE void micro_dp(float* C, const bf16* A, const bf16* B) {
+  constexpr int W = 16;
+  __m512 c[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) c[r][v] = ACC ? _mm512_loadu_ps(C + r * LDC + v * W) : _mm512_setzero_ps();
+  auto row = [&](i64 k, int v) {
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + k * LDB + v * W)));
+  };
+  for (i64 k = 0; k + 1 < K; k += 2) {
+    __m512i b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_or_si512(row(k, v), _mm512_slli_epi32(row(k + 1, v), 16));
+    prefetch_row<float, NV, PF>(B + k * LDB);
+    prefetch_row<float, NV, PF>(B + (k + 1) * LDB);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      std::uint32_t pair;
+      std::memcpy(&pair, A + r * LDA + k, sizeof(pair));
+      const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, reinterpret_cast<__m512bh>(b[v]));
+    }
+  }
+  if constexpr (K % 2 != 0) {
+    __m512i b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = row(K - 1, v);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(A[r * LDA + K - 1].bits));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, reinterpret_cast<__m512bh>(b[v]));
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * LDC + v * W, c[r][v]);
+}
+#else
+inline constexpr bool kDotBf16 = false;
+#endif
+
+template <class T, class TA, class TB>
+inline constexpr bool use_dot_bf16 =
+    kDotBf16 && std::is_same_v<T, float> && std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16>;
+
 // PF != 0: also prefetch B's lines PF elements ahead (the same place in the next loop
 // iteration's tile), spread over the k loop so the misses overlap the FMAs.
-template <class T, int MR, int NV, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0>
-MJ_INLINE void micro(T* C, const T* A, const T* B) {
+template <class T, int MR, int NV, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0,
+          class TA, class TB>
+MJ_INLINE void micro(T* C, const TA* A, const TB* B) {
+#if defined(__AVX512BF16__)
+  if constexpr (use_dot_bf16<T, TA, TB>) {
+    micro_dp<MR, NV, K, LDA, LDB, LDC, ACC, PF>(C, A, B);
+    return;
+  }
+#endif
   using V = vec_t<T>;
   constexpr int W = lanes<T>;
   V c[MR][NV];
@@ -85,11 +183,11 @@ MJ_INLINE void micro(T* C, const T* A, const T* B) {
   for (i64 k = 0; k < K; ++k) {
     V b[NV];
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) b[v] = vload<V>(B + k * LDB + v * W);
+    for (int v = 0; v < NV; ++v) b[v] = load_wide<V>(B + k * LDB + v * W);
     prefetch_row<T, NV, PF>(B + k * LDB);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const V a = splat<V>(A[r * LDA + k]);
+      const V a = splat<V>(static_cast<T>(A[r * LDA + k]));
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) c[r][v] = vfma(a, b[v], c[r][v]);
     }
@@ -101,15 +199,16 @@ MJ_INLINE void micro(T* C, const T* A, const T* B) {
 }
 
 // The last NS (< W) columns: scalar accumulators, which g++ may still vectorise.
-template <class T, int MR, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0>
-MJ_INLINE void micro_cols(T* C, const T* A, const T* B) {
+template <class T, int MR, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0,
+          class TA, class TB>
+MJ_INLINE void micro_cols(T* C, const TA* A, const TB* B) {
   T c[MR][NS];
   for (int r = 0; r < MR; ++r)
     for (int s = 0; s < NS; ++s) c[r][s] = ACC ? C[r * LDC + s] : T(0);
   for (i64 k = 0; k < K; ++k)
     for (int r = 0; r < MR; ++r) {
-      const T a = A[r * LDA + k];
-      for (int s = 0; s < NS; ++s) c[r][s] += a * B[k * LDB + s];
+      const T a = static_cast<T>(A[r * LDA + k]);
+      for (int s = 0; s < NS; ++s) c[r][s] += a * static_cast<T>(B[k * LDB + s]);
     }
   for (int r = 0; r < MR; ++r)
     for (int s = 0; s < NS; ++s) C[r * LDC + s] = c[r][s];
@@ -128,18 +227,15 @@ inline constexpr int kPackPanels = 3;
 // The first row panel prefetches (PF); the others find B in cache. With kPackPanels or more
 // row panels, B is first copied to a dense buffer (prefetching as the first panel would).
 template <class T, i64 M, int MR, int NV, int NS, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC,
-          i64 PF = 0>
-MJ_INLINE void gemm_panel(T* C, const T* A, const T* B) {
+          i64 PF = 0, class TA, class TB>
+MJ_INLINE void gemm_panel(T* C, const TA* A, const TB* B) {
   constexpr i64 MF = M / MR * MR;
   constexpr i64 PT = MF > 0 ? 0 : PF;  // the tail prefetches when it is the only panel
   constexpr i64 NR = NV * lanes<T>;
   if constexpr (NV > 0 && MF / MR >= kPackPanels && LDB != NR) {
-    using V = vec_t<T>;
-    constexpr int W = lanes<T>;
-    alignas(kAlign) T packed[K * NR];
+    alignas(kAlign) TB packed[K * NR];
     for (i64 k = 0; k < K; ++k) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) vstore<V>(packed + k * NR + v * W, vload<V>(B + k * LDB + v * W));
+      std::memcpy(packed + k * NR, B + k * LDB, sizeof(TB) * NR);
       prefetch_row<T, NV, PF>(B + k * LDB);
     }
     gemm_panel<T, M, MR, NV, NS, K, LDA, NR, LDC, ACC>(C, A, packed);
@@ -161,8 +257,9 @@ MJ_INLINE void gemm_panel(T* C, const T* A, const T* B) {
 }
 
 // C[M, N] (+)= A[M, K] @ B[K, N] over all column panels, for one chunk of K.
-template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0>
-MJ_INLINE void gemm_chunk(T* C, const T* A, const T* B) {
+template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF = 0,
+          class TA, class TB>
+MJ_INLINE void gemm_chunk(T* C, const TA* A, const TB* B) {
   static_assert(simd_type<T>, "matmul supports float and double");
   using Bk = Blocking<T, M, N>;
   constexpr int W = GemmCfg<T>::W, NV = Bk::NV, MR = Bk::MR;
@@ -215,10 +312,10 @@ inline constexpr bool kStreamPrefetch = MJ_STREAM_PREFETCH != 0;
 
 // Whether a B of N-element rows LDB apart gets software prefetch: a strip of whole rows is one
 // long run.
-template <class T, i64 N, i64 LDB>
+template <class TB, i64 N, i64 LDB>
 inline constexpr bool kPrefetchRun =
     MJ_STREAM_PREFETCH_MAX_RUN == 0 ||
-    (N < LDB && N * static_cast<i64>(sizeof(T)) < MJ_STREAM_PREFETCH_MAX_RUN);
+    (N < LDB && N * static_cast<i64>(sizeof(TB)) < MJ_STREAM_PREFETCH_MAX_RUN);
 
 // C[M, N] (+)= A[M, K] @ B[K, N] with leading dims LDA, LDB, LDC.
 // PF: see micro. STREAM (B is read from memory, not from a tile in cache): every pass but the
@@ -231,10 +328,10 @@ inline constexpr bool kPrefetchRun =
 // and 768-column strips of a 4096 x 6144 weight), more row streams than its L2 prefetcher
 // follows.
 template <class T, i64 M, i64 N, i64 K, i64 LDA, i64 LDB, i64 LDC, bool ACC, i64 PF0 = 0,
-          bool STREAM = false, bool SWPF = kStreamPrefetch>
-MJ_INLINE void gemm(T* C, const T* A, const T* B) {
+          bool STREAM = false, bool SWPF = kStreamPrefetch, class TA, class TB>
+MJ_INLINE void gemm(T* C, const TA* A, const TB* B) {
   constexpr i64 KC = kGemmKC<M, STREAM>;
-  constexpr bool SW = SWPF && kPrefetchRun<T, N, LDB>;
+  constexpr bool SW = SWPF && kPrefetchRun<TB, N, LDB>;
   constexpr i64 PF = SW ? PF0 : 0;
   constexpr i64 PN = STREAM && SW ? KC * LDB : 0;  // same columns, one pass down
   if constexpr (K < 2 * KC) {
@@ -295,8 +392,9 @@ namespace k {
 // C[MM, NN] = A[MM, K] @ B[K, NN] with K in chunks of KB (the B chunk stays in L2).
 // STREAM: no other task reads this B chunk (one block of rows: a decode product), so it is
 // streamed from memory like a block-level tile read in place, prefetching the next chunk.
-template <class T, i64 MM, i64 NN, i64 K, i64 LDA, i64 LDB, i64 LDC, bool STREAM>
-inline void gemm_block(T* C, const T* A, const T* B) {
+template <class T, i64 MM, i64 NN, i64 K, i64 LDA, i64 LDB, i64 LDC, bool STREAM, class TA,
+          class TB>
+inline void gemm_block(T* C, const TA* A, const TB* B) {
   constexpr i64 KB = GemmCfg<T>::KB;
   constexpr i64 PF = STREAM ? KB * LDB : 0;
   if constexpr (K <= KB) {
@@ -327,9 +425,10 @@ constexpr i64 kernel_block_rows(i64 M, i64 others) {
   return r < M ? r : M;
 }
 
-// Kernel level: out = a @ b with batch dims, tasks over batch x M blocks x N blocks.
+// Kernel level: out = a @ b with batch dims, tasks over batch x M blocks x N blocks; out is
+// in its compute type, a and b in theirs or half precision (widened as they are read).
 template <class Out, class A, class B>
-inline void matmul_one_type(const mj_pool* pool, Out& out, const A& a, const B& b) {
+inline void matmul_wide_out(const mj_pool* pool, Out& out, const A& a, const B& b) {
   using D = MatmulDims<shape_of<A>, shape_of<B>>;
   using T = value_of<Out>;
   using Cfg = GemmCfg<T>;
@@ -338,13 +437,13 @@ inline void matmul_one_type(const mj_pool* pool, Out& out, const A& a, const B& 
   constexpr i64 MB = kernel_block_rows(M, D::batch * TN), TM = (M + MB - 1) / MB;
   constexpr i64 MT = M - (TM - 1) * MB, NT = N - (TN - 1) * NB;  // last block sizes
   T* o = out.ptr();
-  const T* pa = a.ptr();
-  const T* pb = b.ptr();
+  const auto* pa = a.ptr();
+  const auto* pb = b.ptr();
   auto task = [&](i64 t) {
     const i64 bi = t / (TM * TN), im = (t / TN) % TM, jn = t % TN;
     T* C = o + bi * M * N + im * MB * N + jn * NB;
-    const T* Ap = pa + bi * M * K + im * MB * K;
-    const T* Bp = pb + bi * K * N + jn * NB;
+    const auto* Ap = pa + bi * M * K + im * MB * K;
+    const auto* Bp = pb + bi * K * N + jn * NB;
     const bool mlast = im == TM - 1, nlast = jn == TN - 1;
     constexpr bool S = TM == 1;
     if (mlast && nlast) gemm_block<T, MT, NT, K, K, N, N, S>(C, Ap, Bp);
@@ -362,15 +461,7 @@ inline void matmul_one_type(const mj_pool* pool, Out& out, const A& a, const B& 
 
 template <class Out, class A, class B>
 inline void matmul(const mj_pool* pool, Out& out, const A& a, const B& b) {
-  if constexpr (any_half<Out, A, B>) {
-    with_wide_input(pool, a, [&](const auto& wa) {
-      with_wide_input(pool, b, [&](const auto& wb) {
-        with_wide_output(pool, out, [&](const auto& o) { matmul_one_type(pool, o, wa, wb); });
-      });
-    });
-  } else {
-    matmul_one_type(pool, out, a, b);
-  }
+  with_wide_output(pool, out, [&](const auto& o) { matmul_wide_out(pool, o, a, b); });
 }
 
 }  // namespace k

@@ -21,8 +21,9 @@ float32 and float64 are computed as they are. bfloat16 and float16 are storage t
 (``mj::bf16``, ``mj::f16``): the kernel's input and output buffers hold them, while tiles,
 accumulators and scratch tensors hold float, the loads and stores of tiles convert, and a value
 is rounded to its half type where the reference interpreter rounds it (casts, the results of
-matmuls and reductions: where XLA writes them out). A half-precision input tile is always
-copied (converted), never read in place.
+matmuls and reductions: where XLA writes them out). A half-precision input tile is copied
+(converted), except one that only matmuls read: they read it in place and widen it in
+registers (with AVX512_BF16, two bf16 operands multiply as bf16 pairs: exact products).
 """
 
 from __future__ import annotations
@@ -93,10 +94,10 @@ check_table(TABLE, "CPU")
 
 def reads_in_place(block: BlockGraph, value: int) -> bool:
     """Whether an input tile is read where it lies instead of copied: when only matmuls use
-    it (they stream it from the tensor) and it is not half-precision (converted as it is
-    copied). The cost model prices tiles by the same rule."""
+    it (they stream it from the tensor, widening a half-precision one in registers). The cost
+    model prices tiles by the same rule."""
     users = block.users(value)
-    if block.types[value].dtype in _NARROW:
+    if block.types[value].dtype is DType.BOOL:
         return False
     return bool(users) and all(u.op is Op.MATMUL for u in users)
 

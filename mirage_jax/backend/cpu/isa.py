@@ -1,7 +1,8 @@
 """The host's instruction set, and the compiler flags generated code is built with.
 
-Three levels: ``avx512`` (x86-64-v4: AVX-512 F/BW/VL/DQ), ``avx2`` (x86-64-v3: AVX2 + FMA) and
-``generic``. Flags name an explicit ``-march`` level, never ``-march=native``, so the cache key
+Four levels: ``avx512bf16`` (x86-64-v4 and AVX512_BF16: bfloat16 dot products, used by the
+matmuls of bfloat16 operands), ``avx512`` (x86-64-v4: AVX-512 F/BW/VL/DQ), ``avx2`` (x86-64-v3:
+AVX2 + FMA) and ``generic``. Flags name an explicit ``-march`` level, never ``-march=native``, so the cache key
 of a compiled library says exactly what it needs and a library built on one machine is valid on
 every machine of the same level. ``MIRAGE_JAX_ISA`` forces a lower level (e.g. to build a
 library for older machines, or to test the generic path).
@@ -17,15 +18,17 @@ from pathlib import Path
 from mirage_jax.errors import CompileError
 from mirage_jax.runtime.native import try_native
 
-ISAS: tuple[str, ...] = ("generic", "avx2", "avx512")  # weakest first
+ISAS: tuple[str, ...] = ("generic", "avx2", "avx512", "avx512bf16")  # weakest first
 ISA_ENV = "MIRAGE_JAX_ISA"
 
 _X86_FLAGS: dict[str, tuple[str, ...]] = {
+    "avx512bf16": ("-march=x86-64-v4", "-mavx512bf16"),
     "avx512": ("-march=x86-64-v4",),
     "avx2": ("-march=x86-64-v3",),
     "generic": ("-march=x86-64",),
 }
 _REQUIRED_CPU_FLAGS: dict[str, frozenset[str]] = {
+    "avx512bf16": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}),
     "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
     "avx2": frozenset({"avx2", "fma"}),
 }
@@ -84,7 +87,7 @@ def _isa_from_cpuinfo(text: str) -> str:
         if key.strip() == "flags":
             flags = frozenset(value.split())
             break
-    for isa in ("avx512", "avx2"):
+    for isa in reversed(ISAS[1:]):
         if _REQUIRED_CPU_FLAGS[isa] <= flags:
             return isa
     return "generic"
