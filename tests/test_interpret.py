@@ -445,3 +445,26 @@ def test_benchmark_sized_block_graph_is_fast(rng):
     elapsed = time.perf_counter() - start
     assert_array_close(y, rms_ref(x, gain, w), dtype=np.float32, rtol=sum_rtol(4096))
     assert elapsed < 3.0  # ~0.05 s here; generous for a loaded 2-core machine
+
+
+def test_as_accurate_as_the_original_against_float64() -> None:
+    """Two half-precision answers may differ from each other by more than the tolerance while
+    each is as close to the float64 truth: accepted. Relative to each element's scale, a
+    large element's rounding does not excuse a wrong small one (the planner's check)."""
+    from mirage_jax.interpret.numerics import as_accurate_error, output_error
+
+    rng = np.random.default_rng(0)
+    truth = rng.standard_normal(512)
+    own = truth + rng.choice([-1.0, 1.0], 512) * 0.1 * np.abs(truth)  # XLA: 10% off each way
+    other = truth - (own - truth)  # as far off, the other way: 20% from XLA
+    err, tol, _ = output_error(other, own, "bf16")
+    assert err > tol
+    for relative in (False, True):
+        off, allowed = as_accurate_error(other, own, truth, "bf16", relative=relative)
+        assert off <= allowed
+    spread = np.concatenate([truth, [1e3, 1e-3]])
+    xla = spread * (1 + 1e-7)
+    small_zeroed = xla.copy()
+    small_zeroed[-1] = 0.0
+    off, allowed = as_accurate_error(small_zeroed, xla, spread, "f32", relative=True)
+    assert off > allowed

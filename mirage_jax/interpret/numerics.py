@@ -90,12 +90,16 @@ def output_error(got: Any, want: Any, dtype_name: str) -> tuple[float, float, fl
         scale.flat[worst])
 
 
-def as_accurate_error(got: Any, own: Any, truth: Any, dtype_name: str) -> tuple[float, float]:
+def as_accurate_error(got: Any, own: Any, truth: Any, dtype_name: str, relative: bool = False
+                      ) -> tuple[float, float]:  # fmt: skip
     """(error, allowed) of ``got`` where the graph it replaces computed ``own`` in its own
     dtypes and ``truth`` is that graph in float64: special values as ``own`` has them, and
     finite elements within ``tolerance(dtype) * (|truth_i| + typical)`` plus 4x ``own``'s own
     largest error. A candidate may round differently, not worse: a rewrite that cancels where
-    the original does not (x + y - y for x) fails here though it is equal over the reals."""
+    the original does not (x + y - y for x) fails here though it is equal over the reals.
+    ``relative``: ``own``'s largest error relative to each element's scale ``|truth_i| +
+    typical``, allowed 4x at every element's own scale, so that a large element's rounding
+    does not excuse a wrong small one."""
     g, o, t = (np.asarray(a, np.float64) for a in (got, own, truth))
     if g.shape != o.shape:
         return float("inf"), 0.0
@@ -109,11 +113,15 @@ def as_accurate_error(got: Any, own: Any, truth: Any, dtype_name: str) -> tuple[
         return float("inf"), 0.0
     mag = np.abs(t[finite])
     typical = float(np.median(mag[mag > 0])) if (mag > 0).any() else 1.0
-    own_err = float(np.max(np.abs(o[finite] - t[finite])))
-    excess = np.abs(g[finite] - t[finite]) - tolerance(dtype_name) * (mag + typical)
-    worst = int(np.argmax(excess))
-    return float(np.abs(g[finite] - t[finite])[worst]), float(
-        tolerance(dtype_name) * (mag[worst] + typical) + 4 * own_err)
+    own_off = np.abs(o[finite] - t[finite])
+    scale = mag + typical
+    if relative:
+        allowed = (tolerance(dtype_name) + 4 * float(np.max(own_off / scale))) * scale
+    else:
+        allowed = tolerance(dtype_name) * scale + 4 * float(np.max(own_off))
+    off = np.abs(g[finite] - t[finite])
+    worst = int(np.argmax(off - allowed))
+    return float(off[worst]), float(allowed[worst])
 
 
 def dtype_name(x: Any) -> str:
