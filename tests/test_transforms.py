@@ -174,10 +174,33 @@ def test_grad_of_an_optimized_function_plans_the_backward_as_a_region(name: str)
     fresh = _inputs(shapes, seed=17)
     _close(step(*fresh), jax.jit(jax.value_and_grad(_loss(fn), argnums=argnums))(*fresh))
     report = fast.explain(*args)
-    assert "backward, planned at the first reverse pass" in report, report
+    assert "under derivatives (planned at the first one)" in report, report
     regions = len(fast.plan(*args).regions)
     hlo = step.lower(*fresh).as_text()
     assert hlo.count("mirage_jax_dispatch") >= 2 * regions, report
+
+
+@pytest.mark.parametrize("kernel_wins", [True, False])
+def test_a_region_is_differentiated_the_faster_way(monkeypatch, kernel_wins: bool) -> None:
+    """With a speedup required, the first derivative times a reverse pass through the kernel
+    and its planned backward against XLA's own vjp of the region, and keeps the faster: the
+    kernel's custom calls, or none at all under grad (XLA's derivative, residuals and all)."""
+    from mirage_jax.planner import autodiff, region
+
+    timings = (1.0, 2.0) if kernel_wins else (2.0, 1.0)  # (ours, XLA's) seconds
+    monkeypatch.setattr(region, "compare", lambda *a, **k: (1.0, 2.0))  # the forward wins
+    monkeypatch.setattr(autodiff, "compare", lambda *a, **k: timings)
+    fn, shapes = CASES["gated_mlp"]
+    fast = mj.optimize(fn, strategy="as_is", cache=False)
+    args = _inputs(shapes, seed=19)
+    assert fast.plan(*args).regions[0].impl is not None
+    step = jax.jit(jax.value_and_grad(_loss(fast), argnums=(0, 1, 2)))
+    fresh = _inputs(shapes, seed=20)
+    _close(step(*fresh), jax.jit(jax.value_and_grad(_loss(fn), argnums=(0, 1, 2)))(*fresh))
+    hlo = step.lower(*fresh).as_text()
+    assert ("mirage_jax_dispatch" in hlo) == kernel_wins
+    report = fast.explain(*args)
+    assert ("kernel and planned backward" if kernel_wins else "as XLA does") in report, report
 
 
 def test_second_derivatives_equal_jax(strategy: str) -> None:

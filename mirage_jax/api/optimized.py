@@ -27,7 +27,7 @@ import jax
 from mirage_jax.backend import Backend, backend_for
 from mirage_jax.errors import MirageError
 from mirage_jax.frontend import TracedProgram, trace
-from mirage_jax.planner.autodiff import TangentMap, with_derivatives
+from mirage_jax.planner.autodiff import ReverseChoice, TangentMap, with_derivatives
 from mirage_jax.planner.batching import with_batching
 from mirage_jax.planner.region import RegionPlan, plan_regions
 
@@ -88,7 +88,7 @@ class Plan:
         for index, tangent_map in self.tangent_maps.items():
             backward = tangent_map.report()
             if backward is not None:
-                lines.append(f"region {index}'s backward, planned at the first reverse pass:")
+                lines.append(f"region {index} under derivatives (planned at the first one):")
                 lines.extend("  " + line for line in backward.splitlines())
         return "\n".join(lines)
 
@@ -232,12 +232,14 @@ def _transformable(program: TracedProgram, index: int, kernel: Callable[..., Any
     """A region's kernel as jax transformations expect it: batched by planning the vmapped
     region, and differentiated by planning its backward, each as a region of its own."""
     reference = program.region_callable(index)
+    region = program.regions[index]
 
     def plan(fn: Callable[..., Any]) -> Optimized:
         return Optimized(fn, options)
 
     batchable = with_batching(kernel, reference, plan)
-    return with_derivatives(batchable, reference, len(program.regions[index].inputs), plan)
+    choice = ReverseChoice(lambda: region.sample_inputs(seed=index), options.require_speedup)
+    return with_derivatives(batchable, reference, len(region.inputs), plan, choice)
 
 
 def _xla_call(fn: Callable[..., Any], args: Sequence[Any], static_argnums: tuple[int, ...]

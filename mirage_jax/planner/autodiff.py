@@ -20,12 +20,16 @@ tangent map ``t -> J(x) t`` at the primal inputs ``x``:
 Residuals: the backward keeps only the region's inputs and recomputes inside its own kernel
 what it needs from the forward (as ``jax.checkpoint`` would). For the memory-bound regions
 Mirage fuses, reading the inputs again costs less than writing and reading intermediates.
+Where that loses - XLA's own derivative computes the forward once and keeps its residuals -
+the region differentiates as XLA does: at the first derivative of each signature, a reverse
+pass of each way (kernel and planned backward, or XLA's vjp) is timed on the region's sample
+inputs (``ReverseChoice``), so that a differentiated region is never slower than XLA's.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+
+from mirage_jax.planner.region import WIN_MARGIN
+from mirage_jax.timing import compare, device_args
 
 region_tangent_p = Primitive("mirage_region_tangent")
 region_tangent_p.multiple_results = True
@@ -49,6 +56,7 @@ class TangentMap:
     forward: Callable[..., tuple[Any, ...]]
     num_primals: int
     optimize: Callable[[Callable[..., Any]], Any]
+    choice: ReverseChoice | None = None  # the region's, on the map of its own inputs only
     # optimize(transpose of forward) per tangent shapes, made at the first reverse pass
     backward: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     _batched: dict[tuple[Any, ...], TangentMap] = field(default_factory=dict)
@@ -70,24 +78,75 @@ class TangentMap:
         """The same map vmapped over the operands ``in_axes`` marks, batch axis first."""
         if in_axes not in self._batched:
             self._batched[in_axes] = TangentMap(
-                jax.vmap(self.forward, in_axes=in_axes), self.num_primals, self.optimize)
+                jax.vmap(self.forward, in_axes=in_axes), self.num_primals, self.optimize)  # fmt: skip
         return self._batched[in_axes]
 
     def report(self) -> str | None:
         """What the backward regions became, once a reverse pass planned them."""
         maps = [self, *self._batched.values()]
         plans = [p for m in maps for b in m.backward.values() for p in b.plans()]
-        return "\n".join(p.report() for p in plans) or None
+        lines = self.choice.report() if self.choice is not None else []
+        return "\n".join([*lines, *(p.report() for p in plans)]) or None
+
+
+@dataclass(eq=False)
+class ReverseChoice:
+    """Per signature: whether a differentiated region runs its kernel and planned backward
+    (True) or XLA's own derivative, from a timed reverse pass of each on ``sample()``, the
+    region's inputs as the planner draws them. ``require_speedup=False`` always takes the
+    kernel (as ``@optimize`` keeps every custom call then)."""
+
+    sample: Callable[[], Sequence[Any]]
+    require_speedup: bool
+    chosen: dict[Any, tuple[bool, float]] = field(default_factory=dict)  # key -> (kernel?, ratio)
+    _deciding: bool = False
+
+    def kernel_wins(self, primals: Sequence[Any], call: Callable[..., tuple[Any, ...]],
+                    reference: Callable[..., tuple[Any, ...]]) -> bool:  # fmt: skip
+        if not self.require_speedup or self._deciding:
+            return True
+        key = tuple((np.shape(p), jnp.result_type(p)) for p in primals)
+        if key not in self.chosen:
+            self._deciding = True
+            try:
+                with jax.ensure_compile_time_eval():
+                    self.chosen[key] = self._measure(call, reference)
+            finally:
+                self._deciding = False
+        return self.chosen[key][0]
+
+    def _measure(self, call: Callable[..., tuple[Any, ...]],
+                 reference: Callable[..., tuple[Any, ...]]) -> tuple[bool, float]:  # fmt: skip
+        inputs = device_args(self.sample())
+        outs = jax.eval_shape(reference, *inputs)
+        rng = np.random.default_rng(0)
+        cts = device_args([rng.standard_normal(o.shape).astype(o.dtype) for o in outs])
+        n = len(inputs)
+
+        def step(fn: Callable[..., tuple[Any, ...]]) -> Callable[..., Any]:
+            def run(*args: Any) -> Any:
+                out, pullback = jax.vjp(fn, *args[:n])
+                return out, pullback(tuple(args[n:]))
+            return jax.jit(run)
+
+        ours, xla = step(call), step(reference)
+        ours_s, xla_s = compare(ours, xla, [*inputs, *cts])
+        return ours_s * WIN_MARGIN < xla_s, xla_s / ours_s
+
+    def report(self) -> list[str]:
+        return [f"differentiated: {'kernel and planned backward' if kernel else 'as XLA does'}"
+                f" ({ratio:.2f}x vs XLA's vjp)" for kernel, ratio in self.chosen.values()]
 
 
 def with_derivatives(kernel: Callable[..., tuple[Any, ...]],
                      reference: Callable[..., tuple[Any, ...]], num_inputs: int,
-                     optimize: Callable[[Callable[..., Any]], Any],
+                     optimize: Callable[[Callable[..., Any]], Any], choice: ReverseChoice,
                      ) -> tuple[Callable[..., tuple[Any, ...]], TangentMap]:  # fmt: skip
     """``kernel`` (a region's custom call) differentiable like ``reference``, the same region
     as XLA computes it (both take the region's ``num_inputs`` inputs and return its outputs
-    as a tuple), and the region's tangent map, whose planned backward ``explain`` reports."""
-    tangent_map = TangentMap(_jvp_of(reference, num_inputs), num_inputs, optimize)
+    as a tuple), and the region's tangent map, whose planned backward ``explain`` reports;
+    ``choice`` says which way a derivative goes."""
+    tangent_map = TangentMap(_jvp_of(reference, num_inputs), num_inputs, optimize, choice)
 
     @jax.custom_jvp
     def call(*inputs: Any) -> tuple[Any, ...]:
@@ -96,6 +155,9 @@ def with_derivatives(kernel: Callable[..., tuple[Any, ...]],
     @call.defjvp
     def call_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]
                  ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:  # fmt: skip
+        if not choice.kernel_wins(primals, call, reference):
+            out, tangent_out = jax.jvp(reference, primals, tangents)
+            return tuple(out), tuple(tangent_out)
         live = [t for p, t in zip(primals, tangents) if _inexact(p)]
         out = region_tangent_p.bind(*primals, *live, tangent_map=tangent_map)
         # call, not kernel: under an outer derivative (hessian) the primals are its tracers
