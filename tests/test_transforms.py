@@ -251,3 +251,33 @@ def test_grad_with_respect_to_an_integer_argument_is_jax_own_error() -> None:
     with pytest.raises(TypeError, match="grad requires real- or complex-valued inputs"):
         jax.grad(lambda x, n: jnp.sum(fast(x, n)), argnums=1)(x, n)
     _close(jax.grad(lambda x: jnp.sum(fast(x, n)))(x), 2 * (1 - jnp.tanh(x) ** 2))
+
+
+# The six suite programs at small shapes (benchmarks/programs.py), same layouts as the suite's
+SUITE_SHAPES = {
+    "rmsnorm_linear": [(2, 64), (64,), (64, 48)],
+    "gated_mlp": [(4, 32), (32, 32), (32, 32)],
+    "lora": [(4, 16), (16, 32), (16, 4), (4, 32)],
+    "gqa_decode": [(2, 8, 16), (2, 16, 32), (2, 32, 16)],
+    "qknorm_attn": [(2, 8, 16), (2, 16, 32), (2, 32, 16)],
+    "ntrans": [(4, 64), (4, 64), (4, 64)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUITE_SHAPES))
+def test_suite_programs_differentiate_through_their_kernels(name: str) -> None:
+    """Every suite program forced to custom calls: value_and_grad (backward planned as its
+    own region), jit of it, and jvp equal jax's on fresh inputs."""
+    import programs
+
+    fn = {p.name: p.fn for p in programs.programs(1)}[name]
+    shapes = SUITE_SHAPES[name]
+    fast = _optimized(fn, "as_is")
+    args = _inputs(shapes, seed=21)
+    assert all(p.impl is not None for p in fast.plan(*args).regions), fast.explain(*args)
+    argnums = tuple(range(len(shapes)))
+    fresh, tangents = _inputs(shapes, seed=22), _inputs(shapes, seed=23)
+    want = jax.jit(jax.value_and_grad(_loss(fn), argnums=argnums))(*fresh)
+    _close(jax.jit(jax.value_and_grad(_loss(fast), argnums=argnums))(*fresh), want)
+    _close(jax.jvp(fast, fresh, tangents), jax.jvp(jax.jit(fn), fresh, tangents))
+    assert "under derivatives" in fast.explain(*args)
