@@ -602,3 +602,22 @@ def test_literal_inputs_are_substituted_by_region_callable() -> None:
     (got,) = traced.region_callable(0)(x, c)
     np.testing.assert_allclose(np.asarray(got), np.maximum(x, c) * 3.0, rtol=1e-6)
     assert "(literal 0.25)" in region.describe()
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_a_half_sum_accumulated_in_float32_is_one_half_reduction(dtype) -> None:
+    """jnp.sum of bf16 / f16 casts up, sums in float32 and casts back: traced as one
+    reduction in the half type (which accumulates in float32 and rounds its result), so a
+    half-precision softmax has the float32 program's structure; a sum over two axes keeps
+    its casts (one rounding, not two). The graph's value is jax.jit's to a rounding."""
+    softmax = trace(lambda x: jax.nn.softmax(x, axis=-1), jnp.ones((4, 32), dtype))
+    text = str(softmax.regions[0].graph)
+    assert "cast" not in text and text.count("reduce_sum") == 1, text
+    two_axes = trace(lambda x: jnp.sum(x, axis=(0, 1)), jnp.ones((4, 8, 32), dtype))
+    assert str(two_axes.regions[0].graph).count("cast") == 2
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 32)), dtype)
+    (got,) = evaluate(softmax.regions[0].graph, [np.asarray(x)])
+    want = np.asarray(jax.jit(lambda x: jax.nn.softmax(x, axis=-1))(x), np.float64)
+    ulp = float(jnp.finfo(dtype).eps)
+    atol = 2 * ulp * float(np.median(np.abs(want)))  # near zero a rounding is absolute
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2 * ulp, atol=atol)

@@ -216,7 +216,33 @@ class RegionBuilder:
         raise Unsupported(f"operand of rank {len(view.shape)} in a rank-{rank} elementwise op")
 
     def cast(self, vid: int, dtype: DType) -> int:
-        return vid if self.type(vid).dtype is dtype else self.apply(Op.CAST, vid, dtype=dtype)
+        if self.type(vid).dtype is dtype:
+            return vid
+        folded = self._half_sum(vid, dtype)
+        return folded if folded is not None else self.apply(Op.CAST, vid, dtype=dtype)
+
+    def _half_sum(self, vid: int, dtype: DType) -> int | None:
+        """``vid`` cast to ``dtype`` as one reduction in ``dtype`` where ``vid`` is a float32
+        sum (over one dim, maybe reshaped) of a ``dtype`` tensor cast up: ``jnp.sum`` of
+        bf16 / f16 accumulates so. A half-precision reduction accumulates in float32 and
+        rounds its result, so the two are the same value; as one op, the search fuses it
+        like the sums of a float32 program (the cast-up chain is dropped if unread)."""
+        if dtype not in (DType.BF16, DType.F16):
+            return None
+        reshapes: list[tuple[int, ...]] = []
+        while self.producer(vid)[0] is Op.RESHAPE:
+            reshapes.append(self.shape(vid))
+            vid = self.producer(vid)[1][0]
+        op, ins, attrs = self.producer(vid)
+        if op is not Op.REDUCE_SUM:
+            return None
+        up_op, up_ins, _ = self.producer(ins[0])
+        if up_op is not Op.CAST or self.type(up_ins[0]).dtype is not dtype:
+            return None
+        out = self.apply(Op.REDUCE_SUM, up_ins[0], **dict(attrs))
+        for shape in reversed(reshapes):
+            out = self.reshape(out, shape)
+        return out
 
     # ------------------------------------------------------------------------ finishing
 

@@ -241,6 +241,10 @@ using vf32 = vec_t<float>;
 using vf64 = vec_t<double>;
 using vi32 = vec_t<std::int32_t>;
 using vi64 = vec_t<std::int64_t>;
+using vu32 = vec_t<std::uint32_t>;
+// Half a register of 16-bit elements: as many as a vf32 has lanes (half-precision storage).
+typedef std::uint16_t vu16_half __attribute__((vector_size(MJ_VEC_BYTES / 2)));
+typedef _Float16 vf16_half __attribute__((vector_size(MJ_VEC_BYTES / 2)));
 
 // Lane<T>: the scalar type of T (itself for a scalar) and whether T is a vector.
 template <class T>

@@ -384,13 +384,25 @@ struct Cast {
 
 // A cast to a half-precision type H where values are computed in float: x rounded to H and
 // kept in float (a double is rounded to float first: one more rounding, at double's ties).
+// Float vectors round in registers: bf16 by integer arithmetic on the bits (to nearest even,
+// NaN kept quiet, as bf16::round), f16 by a conversion there and back (F16C where present).
 template <class H>
 struct Round {
   template <class T>
   MJ_INLINE T operator()(T x) const {
-    return fm::lanewise(x, [](auto v) {
-      return static_cast<decltype(v)>(static_cast<float>(H(static_cast<float>(v))));
-    });
+    if constexpr (std::is_same_v<T, vf32> && std::is_same_v<H, bf16>) {
+      const vu32 u = reinterpret_cast<vu32>(x);
+      const vu32 nearest = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+      const vu32 quiet = (u | 0x00400000u) & 0xffff0000u;
+      const vu32 nan = reinterpret_cast<vu32>((u & 0x7fffffffu) > 0x7f800000u);
+      return reinterpret_cast<vf32>((nan & quiet) | (~nan & nearest));
+    } else if constexpr (std::is_same_v<T, vf32> && std::is_same_v<H, f16>) {
+      return __builtin_convertvector(__builtin_convertvector(x, vf16_half), vf32);
+    } else {
+      return fm::lanewise(x, [](auto v) {
+        return static_cast<decltype(v)>(static_cast<float>(H(static_cast<float>(v))));
+      });
+    }
   }
 };
 

@@ -69,11 +69,6 @@ MJ_INLINE V vfma(V a, V b, V c) {
   return a * b + c;
 }
 
-// Half a register of 16-bit elements: as many as a vf32 has lanes.
-typedef std::uint16_t vu16_half __attribute__((vector_size(MJ_VEC_BYTES / 2)));
-typedef _Float16 vf16_half __attribute__((vector_size(MJ_VEC_BYTES / 2)));
-typedef std::uint32_t vu32 __attribute__((vector_size(MJ_VEC_BYTES)));
-
 // One vector of V's lanes read from elements of type U, widened to V's lane type in
 // registers: bf16 is the high half of a float (a shift), f16 converts (F16C where present).
 template <class V, class U>
