@@ -61,6 +61,11 @@ class TangentMap:
     backward: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     _batched: dict[tuple[Any, ...], TangentMap] = field(default_factory=dict)
 
+    @functools.cached_property
+    def jitted(self) -> Callable[..., tuple[Any, ...]]:
+        """``forward`` compiled once, for eager evaluation (outside any jit)."""
+        return jax.jit(self.forward)
+
     def transpose(self, primals: tuple[Any, ...], cotangents: tuple[Any, ...],
                   tangents: tuple[jax.ShapeDtypeStruct, ...]) -> tuple[Any, ...]:  # fmt: skip
         key = tuple((t.shape, t.dtype) for t in tangents)
@@ -91,29 +96,29 @@ class TangentMap:
 
 @dataclass(eq=False)
 class ReverseChoice:
-    """Per signature: whether a differentiated region runs its kernel and planned backward
-    (True) or XLA's own derivative, from a timed reverse pass of each on ``sample()``, the
-    region's inputs as the planner draws them. ``require_speedup=False`` always takes the
+    """Whether a differentiated region runs its kernel and planned backward (True) or XLA's
+    own derivative, from a timed reverse pass of each on ``sample()``, the region's inputs as
+    the planner draws them: one decision, as a region's kernel has one signature (a vmapped
+    call sees the same per-example shapes). ``require_speedup=False`` always takes the
     kernel (as ``@optimize`` keeps every custom call then)."""
 
     sample: Callable[[], Sequence[Any]]
     require_speedup: bool
-    chosen: dict[Any, tuple[bool, float]] = field(default_factory=dict)  # key -> (kernel?, ratio)
+    chosen: tuple[bool, float] | None = None  # (kernel?, XLA's time / ours)
     _deciding: bool = False
 
-    def kernel_wins(self, primals: Sequence[Any], call: Callable[..., tuple[Any, ...]],
+    def kernel_wins(self, call: Callable[..., tuple[Any, ...]],
                     reference: Callable[..., tuple[Any, ...]]) -> bool:  # fmt: skip
         if not self.require_speedup or self._deciding:
             return True
-        key = tuple((np.shape(p), jnp.result_type(p)) for p in primals)
-        if key not in self.chosen:
+        if self.chosen is None:
             self._deciding = True
             try:
                 with jax.ensure_compile_time_eval():
-                    self.chosen[key] = self._measure(call, reference)
+                    self.chosen = self._measure(call, reference)
             finally:
                 self._deciding = False
-        return self.chosen[key][0]
+        return self.chosen[0]
 
     def _measure(self, call: Callable[..., tuple[Any, ...]],
                  reference: Callable[..., tuple[Any, ...]]) -> tuple[bool, float]:  # fmt: skip
@@ -134,8 +139,11 @@ class ReverseChoice:
         return ours_s * WIN_MARGIN < xla_s, xla_s / ours_s
 
     def report(self) -> list[str]:
-        return [f"differentiated: {'kernel and planned backward' if kernel else 'as XLA does'}"
-                f" ({ratio:.2f}x vs XLA's vjp)" for kernel, ratio in self.chosen.values()]
+        if self.chosen is None:
+            return []
+        kernel, ratio = self.chosen
+        way = "kernel and planned backward" if kernel else "as XLA does"
+        return [f"differentiated: {way} ({ratio:.2f}x vs XLA's vjp)"]
 
 
 def with_derivatives(kernel: Callable[..., tuple[Any, ...]],
@@ -155,7 +163,7 @@ def with_derivatives(kernel: Callable[..., tuple[Any, ...]],
     @call.defjvp
     def call_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]
                  ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:  # fmt: skip
-        if not choice.kernel_wins(primals, call, reference):
+        if not choice.kernel_wins(call, reference):
             out, tangent_out = jax.jvp(reference, primals, tangents)
             return tuple(out), tuple(tangent_out)
         live = [t for p, t in zip(primals, tangents) if _inexact(p)]
@@ -184,7 +192,7 @@ def _inexact(x: Any) -> bool:
 
 
 def _tangent_map_impl(*args: Any, tangent_map: TangentMap) -> list[Any]:
-    return list(jax.jit(tangent_map.forward)(*args))
+    return list(tangent_map.jitted(*args))
 
 
 def _tangent_map_abstract(*avals: Any, tangent_map: TangentMap) -> list[Any]:
