@@ -41,7 +41,7 @@ from mirage_jax.ir import (
     map_blocks,
 )
 from mirage_jax.ir.ops import ACCUMULATORS
-from mirage_jax.ir.types import F32
+from mirage_jax.ir.types import F32, DType
 from mirage_jax.search import InlineExecutor
 from mirage_jax.search import enumeration as en
 from mirage_jax.search.config import SearchConfig
@@ -338,24 +338,39 @@ def test_every_mutant_of_a_found_graph_is_rejected(name):
     assert ff_check(target, found, spec).ok  # the unmutated graph still passes
 
 
-def test_float_check_rejects_an_unshifted_softmax_the_field_accepts():
-    b, m, d, n = 1, 4, 64, 32  # logits of std ~70: exp overflows float32 unless shifted
-    T = lambda *s: TensorType(s, F32)
+def _attention(dtype: DType, shift: bool = True, late_div: bool = False) -> KernelGraph:
+    b, m, d, n = 1, 16, 64, 512  # logits of std ~70 on the float check's wide inputs
+    kb = KernelBuilder()
+    T = lambda *s: TensorType(s, dtype)
+    q, k, v = kb.input(T(b, m, d)), kb.input(T(b, d, n)), kb.input(T(b, n, d))
+    s = kb.matmul(q, k)
+    e = kb.apply(Op.EXP, kb.apply(Op.SUB, s, kb.apply(Op.REDUCE_MAX, s, dim=2)) if shift else s)
+    total = kb.apply(Op.REDUCE_SUM, e, dim=2)
+    if late_div:  # softmax's division after the second matmul, as Mirage's attention does
+        kb.output(kb.apply(Op.DIV, kb.matmul(e, v), total))
+    else:
+        kb.output(kb.matmul(kb.apply(Op.DIV, e, total), v))
+    return kb.build()
 
-    def attention(shift: bool) -> KernelGraph:
-        kb = KernelBuilder()
-        q, k, v = kb.input(T(b, m, d)), kb.input(T(b, d, n)), kb.input(T(b, n, d))
-        s = kb.matmul(q, k)
-        e = kb.apply(Op.EXP, kb.apply(Op.SUB, s, kb.apply(Op.REDUCE_MAX, s, dim=2)) if shift else s)
-        p = kb.apply(Op.DIV, e, kb.apply(Op.REDUCE_SUM, e, dim=2))
-        kb.output(kb.matmul(p, v))
-        return kb.build()
 
-    target, unsafe = attention(True), attention(False)
+@pytest.mark.parametrize("dtype", [F32, DType.BF16])
+def test_float_check_rejects_an_unshifted_softmax_the_field_accepts(dtype: DType):
+    target, unsafe = _attention(dtype), _attention(dtype, shift=False)
     assert ff_check(target, unsafe, FFSpec()).ok  # exp(s)/sum(exp(s)): equal in the field
     assert float_check(target, target).ok
     verdict = float_check(target, unsafe)  # wide inputs: exp(s) overflows float32
     assert not verdict.ok and (math.isnan(verdict.max_error) or verdict.max_error > verdict.tolerance)
+
+
+@pytest.mark.parametrize("dtype", [F32, DType.BF16])
+def test_float_check_takes_a_rewrite_as_accurate_as_an_inaccurate_target(dtype: DType):
+    """bf16 logits of magnitude ~100 round by 0.5: the bf16 target itself is far from its
+    float64 value, and a fused attention that rounds elsewhere is as good (all of them were
+    rejected, and every bf16 attention stayed with XLA)."""
+    target, fused = _attention(dtype), _attention(dtype, late_div=True)
+    assert ff_check(target, fused, FFSpec()).ok
+    assert float_check(target, fused).ok
+    assert float_check(target, target).ok
 
 
 def test_float_check_rejects_a_rewrite_that_cancels_where_the_target_does_not():
