@@ -183,6 +183,27 @@ def test_half_types_round_where_xla_writes_them(rng):
     assert np.isposinf(y).all(), y
 
 
+@pytest.mark.parametrize("also_elementwise", [False, True])
+def test_a_half_matmul_operand_rounds_unless_fused_further(rng, also_elementwise: bool):
+    """An elementwise value that a matmul reads is written out in its half type (as XLA writes
+    a dot's operand, and tensor cores take it), also where a reduction reads it too; read by
+    another elementwise op it stays in float32 (XLA's fusion)."""
+    x = rng.standard_normal((3, 16)).astype(BF16.numpy)
+    w = rng.standard_normal((16, 5)).astype(BF16.numpy)
+    kb = KernelBuilder()
+    xi, wi = kb.input(T(3, 16, dtype=BF16)), kb.input(T(16, 5, dtype=BF16))
+    e = kb.apply(Op.EXP, kb.apply(Op.MUL_SCALAR, xi, scalar=0.3))
+    kb.output(kb.matmul(e, wi))
+    kb.output(kb.apply(Op.REDUCE_SUM, e, dim=1))
+    if also_elementwise:
+        kb.output(kb.apply(Op.ADD_SCALAR, e, scalar=1.0))
+    y, total = evaluate(kb.build(), [x, w])[:2]
+    e32 = np.exp(x.astype(np.float32) * np.float32(0.3))
+    operand = e32 if also_elementwise else e32.astype(BF16.numpy).astype(np.float32)
+    np.testing.assert_array_equal(y, (operand @ w.astype(np.float32)).astype(BF16.numpy))
+    np.testing.assert_array_equal(total, operand.sum(axis=1, keepdims=True).astype(BF16.numpy))
+
+
 def test_input_errors_name_the_cause():
     g = unary_graph(Op.EXP, (2, 3))
     with pytest.raises(GraphError, match=r"takes 1 input\(s\), got 2"):

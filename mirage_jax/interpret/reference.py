@@ -5,12 +5,11 @@ with the contract's semantics: block graphs with true grid / for-loop / accumula
 (see ``walker``), thread graphs as their ops inlined.
 
 Precision: ``precision=None`` computes in the graph's dtypes: f32 and f64 natively; f16 and
-bf16 are computed in float32 and rounded to their type where XLA writes them out: graph
-inputs and outputs, explicit casts, and the results of matmuls and reductions (which end
-XLA's fusions; accumulators hold float32 until the loop ends). Elementwise chains stay in
-float32 unrounded, as in XLA's fusions (its excess precision): rounding every intermediate
-would be less precise than ``jax.jit`` where a sum cancels. The CPU and CUDA kernels round at
-the same places. ``precision="float64"`` upcasts every input and every op to float64 and ignores
+bf16 are computed in float32 and rounded to their type where XLA writes them out
+(``ir.precision``: graph inputs and outputs, casts, the results of matmuls and reductions, and
+the operands of matmuls). Elementwise chains stay in float32 unrounded, as in XLA's fusions
+(its excess precision): rounding every intermediate would be less precise than ``jax.jit``
+where a sum cancels. The CPU and CUDA kernels round at the same places. ``precision="float64"`` upcasts every input and every op to float64 and ignores
 casts: the high-precision reference the float check compares against.
 """
 

@@ -39,6 +39,7 @@ from mirage_jax.ir.ops import (
     UNARY,
     Op,
 )
+from mirage_jax.ir.precision import materialised
 from mirage_jax.ir.types import DType, TensorType
 
 LEAD = 3  # leading block axes (x, y, z) on every block-level value
@@ -332,23 +333,14 @@ def kernel_values(
 def apply_node(graph: Graph, node: Node, env: dict[int, Any], ns: NumberSystem, lead: int) -> Any:
     """One compute node (or an inlined thread graph) on values carrying ``lead`` block axes."""
     xs = [env[i] for i in node.ins]
+    dtype = graph.types[node.outs[0]].dtype
     if node.op is Op.THREAD:
         inner: ThreadGraph = node.attr("graph")
         inner_env = _thread_values(inner, xs, ns, lead)
-        return inner_env[inner.outputs[0].ins[0]]
-    result = OP_TABLE[node.op](ns, xs, node.attr_dict, lead)
-    dtype = graph.types[node.outs[0]].dtype
-    if _materialised(graph, node):
-        return ns.store(ns.finish(result, dtype), dtype)
-    return ns.finish(result, dtype)
-
-
-def _materialised(graph: Graph, node: Node) -> bool:
-    """Is this node's result written out in its dtype, as XLA writes a dot's or a reduction's
-    (they end XLA's fusions), rather than a partial result an accumulator folds further?"""
-    if node.op is not Op.MATMUL and node.op not in REDUCTIONS:
-        return False
-    return not any(u.op in ACCUMULATORS for u in graph.users(node.outs[0]))
+        result = inner_env[inner.outputs[0].ins[0]]
+    else:
+        result = ns.finish(OP_TABLE[node.op](ns, xs, node.attr_dict, lead), dtype)
+    return ns.store(result, dtype) if materialised(graph, node) else result
 
 
 def _thread_values(graph: ThreadGraph, xs: list[Any], ns: NumberSystem, lead: int) -> dict:
