@@ -782,6 +782,40 @@ def test_half_matmul_operands_read_in_place_at_every_isa(
         _half_close(run_cpu(g, inputs), g, inputs)
 
 
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=lambda d: d.value)
+def test_half_attention_rounds_where_the_reference_does_at_every_isa(
+    rng: np.random.Generator, dtype: DType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attention in a half type: the kernel-level product and its max are held in the half type
+    (rounded by each task, read half as many bytes), the block reads its contiguous logits
+    tile where it lies, and exp's tile, which a matmul and a sum read, is rounded to the half
+    type and held in it (``ir.precision``): with AVX512_BF16 both matmuls multiply pairs."""
+    q_t, k_t, v_t = T(2, 8, 10, dtype=dtype), T(2, 10, 96, dtype=dtype), T(2, 96, 24, dtype=dtype)
+    bb = BlockBuilder((4, 2, 1), 1, (T(2, 8, 96, dtype=dtype), T(2, 8, 1, dtype=dtype), v_t))
+    s_tile = bb.input_iter(0, (1, 0, N))  # [1, 2, 96]: contiguous rows
+    m_tile = bb.input_iter(1, (1, 0, N))
+    v_tile = bb.input_iter(2, (N, 0, N))
+    e = bb.apply(Op.EXP, bb.apply(Op.SUB, s_tile, m_tile))
+    total = bb.apply(Op.REDUCE_SUM, e, dim=2)
+    bb.output_saver(bb.apply(Op.DIV, bb.apply(Op.MATMUL, e, v_tile), total), (1, 0, N))
+    kb = KernelBuilder()
+    q, k, v = kb.input(q_t), kb.input(k_t), kb.input(v_t)
+    s = kb.apply(Op.MATMUL, q, k)
+    (y,) = kb.graph_def(bb.build(), s, kb.apply(Op.REDUCE_MAX, s, dim=2), v)
+    kb.output(y)
+    g = kb.build()
+    source = emit_cpu(g, "mj_probe")
+    ctype = "mj::bf16" if dtype is BF16 else "mj::f16"
+    assert f"mj::View<{ctype}, mj::Shape<2,8,96>>" in source  # the product, rounded by tasks
+    assert "mj::k::map(pool, mj::op::Round" not in source  # no pass over a float copy
+    assert f"mj::Tile<{ctype}, mj::Shape<1,2,96>>" in source  # exp's tile
+    assert "mj::tile_view" in source  # the logits, where they lie
+    inputs = [rand(rng, t) for t in g.input_types]
+    for level in isa.ISAS[: isa.ISAS.index(isa.detected_isa()) + 1]:
+        monkeypatch.setenv(isa.ISA_ENV, level)
+        _half_close(run_cpu(g, inputs), g, inputs)
+
+
 def test_mixed_precision_bf16_weights_f32_activations(rng: np.random.Generator) -> None:
     """bf16 weights cast up inside the block, f32 activations and output (the way a model
     keeps its weights in bf16): checked against float64 at float32's tolerance of the

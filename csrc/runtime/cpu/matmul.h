@@ -69,26 +69,6 @@ MJ_INLINE V vfma(V a, V b, V c) {
   return a * b + c;
 }
 
-// One vector of V's lanes read from elements of type U, widened to V's lane type in
-// registers: bf16 is the high half of a float (a shift), f16 converts (F16C where present).
-template <class V, class U>
-MJ_INLINE V load_wide(const U* p) {
-  if constexpr (std::is_same_v<U, lane_t<V>>) {
-    return vload<V>(p);
-  } else {
-    static_assert(std::is_same_v<V, vf32> && sizeof(U) == 2, "widens half to float");
-    if constexpr (std::is_same_v<U, bf16>) {
-      vu16_half h;
-      std::memcpy(&h, p, sizeof(h));
-      return reinterpret_cast<vf32>(__builtin_convertvector(h, vu32) << 16);
-    } else {
-      vf16_half h;
-      std::memcpy(&h, p, sizeof(h));
-      return __builtin_convertvector(h, vf32);
-    }
-  }
-}
-
 // Prefetch (into L2) the lines of NV vectors (of T's lanes) of one row of B, PF elements
 // past `row`.
 template <class T, int NV, i64 PF, class U>
@@ -420,31 +400,46 @@ constexpr i64 kernel_block_rows(i64 M, i64 others) {
   return r < M ? r : M;
 }
 
-// Kernel level: out = a @ b with batch dims, tasks over batch x M blocks x N blocks; out is
-// in its compute type, a and b in theirs or half precision (widened as they are read).
+// One task's ROWS x COLS block of a kernel-level product, at C (rows N apart). A half-precision
+// C is computed in a float tile of the task's thread (in cache) and rounded into place: no
+// float copy of the whole product is allocated, written and read again.
+template <class T, i64 ROWS, i64 COLS, i64 K, i64 N, i64 NB, bool S, class O, class TA, class TB>
+MJ_INLINE void product_block(O* C, const TA* A, const TB* B) {
+  if constexpr (is_half<O>) {
+    alignas(kAlign) static thread_local T tile[ROWS * NB];
+    gemm_block<T, ROWS, COLS, K, K, N, NB, S>(tile, A, B);
+    copy_region<Shape<ROWS, COLS>, Shape<ROWS, N>, Shape<ROWS, NB>>(C, tile);
+  } else {
+    gemm_block<T, ROWS, COLS, K, K, N, N, S>(C, A, B);
+  }
+}
+
+// Kernel level: out = a @ b with batch dims, tasks over batch x M blocks x N blocks; a and b
+// in their compute type or half precision (widened as they are read), out in either too.
 template <class Out, class A, class B>
-inline void matmul_wide_out(const mj_pool* pool, Out& out, const A& a, const B& b) {
+inline void matmul(const mj_pool* pool, Out& out, const A& a, const B& b) {
   using D = MatmulDims<shape_of<A>, shape_of<B>>;
-  using T = value_of<Out>;
+  using O = value_of<Out>;
+  using T = compute_t<O>;
   using Cfg = GemmCfg<T>;
   constexpr i64 M = D::M, N = D::N, K = D::K;
   constexpr i64 NB = N < Cfg::NB ? N : Cfg::NB, TN = (N + NB - 1) / NB;
   constexpr i64 MB = kernel_block_rows(M, D::batch * TN), TM = (M + MB - 1) / MB;
   constexpr i64 MT = M - (TM - 1) * MB, NT = N - (TN - 1) * NB;  // last block sizes
-  T* o = out.ptr();
+  O* o = out.ptr();
   const auto* pa = a.ptr();
   const auto* pb = b.ptr();
   auto task = [&](i64 t) {
     const i64 bi = t / (TM * TN), im = (t / TN) % TM, jn = t % TN;
-    T* C = o + bi * M * N + im * MB * N + jn * NB;
+    O* C = o + bi * M * N + im * MB * N + jn * NB;
     const auto* Ap = pa + bi * M * K + im * MB * K;
     const auto* Bp = pb + bi * K * N + jn * NB;
     const bool mlast = im == TM - 1, nlast = jn == TN - 1;
     constexpr bool S = TM == 1;
-    if (mlast && nlast) gemm_block<T, MT, NT, K, K, N, N, S>(C, Ap, Bp);
-    else if (mlast) gemm_block<T, MT, NB, K, K, N, N, S>(C, Ap, Bp);
-    else if (nlast) gemm_block<T, MB, NT, K, K, N, N, S>(C, Ap, Bp);
-    else gemm_block<T, MB, NB, K, K, N, N, S>(C, Ap, Bp);
+    if (mlast && nlast) product_block<T, MT, NT, K, N, NB, S>(C, Ap, Bp);
+    else if (mlast) product_block<T, MT, NB, K, N, NB, S>(C, Ap, Bp);
+    else if (nlast) product_block<T, MB, NT, K, N, NB, S>(C, Ap, Bp);
+    else product_block<T, MB, NB, K, N, NB, S>(C, Ap, Bp);
   };
   constexpr i64 tasks = D::batch * TM * TN;
   if (2 * M * N * K < kParallelMinWork * 8) {
@@ -452,11 +447,6 @@ inline void matmul_wide_out(const mj_pool* pool, Out& out, const A& a, const B& 
   } else {
     parallel_for(pool, tasks, task);
   }
-}
-
-template <class Out, class A, class B>
-inline void matmul(const mj_pool* pool, Out& out, const A& a, const B& b) {
-  with_wide_output(pool, out, [&](const auto& o) { matmul_wide_out(pool, o, a, b); });
 }
 
 }  // namespace k

@@ -45,7 +45,7 @@ struct RowOperand {
   template <class V>
   MJ_INLINE V vec(i64 j) const {
     if constexpr (Bcast) return splat<V>(p[0]);
-    else return vload<V>(p + j);
+    else return load_wide<V>(p + j);
   }
   MJ_INLINE T at(i64 j) const { return Bcast ? p[0] : p[j]; }
 };
@@ -76,34 +76,35 @@ MJ_INLINE T fold_row_of(const F& f, const X&... x) {
   return acc;
 }
 
-// Fold N contiguous elements.
-template <class R, i64 N, class T>
-MJ_INLINE T fold_row(const T* x) {
-  return fold_row_of<R, N, T>(op::Identity{}, RowOperand<T, false>{x});
+// Fold N contiguous elements of type U (T's own, or half precision widened as read) in T.
+template <class R, i64 N, class T, class U>
+MJ_INLINE T fold_row(const U* x) {
+  return fold_row_of<R, N, T>(op::Identity{}, RowOperand<U, false>{x});
 }
 
 // Rows [a0, a1) of out[A, B] (+)= reduce_n in[A, N, B]; ACC folds into out's current values
-// (accumulators), otherwise out starts from R's init. No finish here.
-template <class R, i64 N, i64 B, bool ACC, class T>
-MJ_INLINE void fold_rows(T* out, const T* in, i64 a0, i64 a1) {
+// (accumulators), otherwise out starts from R's init. No finish here. `in` holds T or a half
+// type, widened as it is read.
+template <class R, i64 N, i64 B, bool ACC, class T, class U>
+MJ_INLINE void fold_rows(T* out, const U* in, i64 a0, i64 a1) {
   for (i64 a = a0; a < a1; ++a) {
     if constexpr (B == 1) {
-      const T v = fold_row<R, N>(in + a * N);
+      const T v = fold_row<R, N, T>(in + a * N);
       out[a] = ACC ? R::combine(out[a], v) : v;
     } else {
       T* o = out + a * B;
-      const T* x = in + a * N * B;
+      const U* x = in + a * N * B;
       if constexpr (!ACC) {
         for (i64 b = 0; b < B; ++b) o[b] = R::template init<T>();
       }
       for (i64 n = 0; n < N; ++n) {
-        const T* xn = x + n * B;
+        const U* xn = x + n * B;
         i64 b = 0;
         if constexpr (simd_type<T>) {
           using V = vec_t<T>;
-          for (; b + lanes<T> <= B; b += lanes<T>) vstore<V>(o + b, R::step(vload<V>(o + b), vload<V>(xn + b)));
+          for (; b + lanes<T> <= B; b += lanes<T>) vstore<V>(o + b, R::step(vload<V>(o + b), load_wide<V>(xn + b)));
         }
-        for (; b < B; ++b) o[b] = R::step(o[b], xn[b]);
+        for (; b < B; ++b) o[b] = R::step(o[b], static_cast<T>(xn[b]));
       }
     }
   }
@@ -182,7 +183,7 @@ MJ_INLINE void concat(Out& out, const A& a, const B& b) {
 namespace k {
 
 template <class R, int Dim, class Out, class In>
-inline void reduce_one_type(const mj_pool* pool, Out& out, const In& in) {
+inline void reduce_wide_out(const mj_pool* pool, Out& out, const In& in) {
   using D = ReduceDims<shape_of<In>, Dim>;
   static_assert(shape_of<Out>::size == D::A * D::B, "reduction output shape");
   auto* o = out.ptr();
@@ -196,7 +197,7 @@ inline void reduce_one_type(const mj_pool* pool, Out& out, const In& in) {
     parallel_ranges(pool, D::B, shape_of<In>::size, [&](i64 lo, i64 hi) {
       for (i64 b = lo; b < hi; ++b) o[b] = R::template init<value_of<Out>>();
       for (i64 n = 0; n < D::N; ++n)
-        for (i64 b = lo; b < hi; ++b) o[b] = R::step(o[b], x[n * D::B + b]);
+        for (i64 b = lo; b < hi; ++b) o[b] = R::step(o[b], static_cast<value_of<Out>>(x[n * D::B + b]));
       finish_all<R, D::N>(o, lo, hi);
     });
   }
@@ -204,12 +205,10 @@ inline void reduce_one_type(const mj_pool* pool, Out& out, const In& in) {
 
 template <class R, int Dim, class Out, class In>
 inline void reduce(const mj_pool* pool, Out& out, const In& in) {
-  if constexpr (any_half<Out, In>) {
-    with_wide_input(pool, in, [&](const auto& x) {
-      with_wide_output(pool, out, [&](const auto& o) { reduce_one_type<R, Dim>(pool, o, x); });
-    });
+  if constexpr (is_half<value_of<Out>>) {  // a half input is widened as it is read
+    with_wide_output(pool, out, [&](const auto& o) { reduce_wide_out<R, Dim>(pool, o, in); });
   } else {
-    reduce_one_type<R, Dim>(pool, out, in);
+    reduce_wide_out<R, Dim>(pool, out, in);
   }
 }
 

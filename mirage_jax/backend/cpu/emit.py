@@ -20,10 +20,13 @@ instantiates. The layout of the translation unit:
 float32 and float64 are computed as they are. bfloat16 and float16 are storage types
 (``mj::bf16``, ``mj::f16``): the kernel's input and output buffers hold them, while tiles,
 accumulators and scratch tensors hold float, the loads and stores of tiles convert, and a value
-is rounded to its half type where the reference interpreter rounds it (casts, the results of
-matmuls and reductions: where XLA writes them out). A half-precision input tile is copied
+is rounded to its half type where the reference interpreter rounds it (``ir.precision``: casts,
+the results of matmuls and reductions and the operands of matmuls, where XLA writes them out);
+scratch tensors rounded so are held in the half type. A half-precision input tile is copied
 (converted), except one that only matmuls read: they read it in place and widen it in
-registers (with AVX512_BF16, two bf16 operands multiply as bf16 pairs: exact products).
+registers (with AVX512_BF16, two bf16 operands multiply as bf16 pairs: exact products), and
+so is a contiguous one that elementwise ops and reductions read. An elementwise tile rounded
+as a matmul's operand is held in its half type.
 """
 
 from __future__ import annotations
@@ -51,13 +54,13 @@ from mirage_jax.errors import CompileError
 from mirage_jax.ir.fuse import fuse_elementwise
 from mirage_jax.ir.graph import BlockGraph, KernelGraph, Node, Phase, ThreadGraph
 from mirage_jax.ir.ops import ACCUMULATORS, ELEMENTWISE, NONE_DIM, REDUCTIONS, Op
+from mirage_jax.ir.precision import HALF, materialised
 from mirage_jax.ir.types import DType, TensorType
 
 _CTYPE = {DType.F32: "float", DType.F64: "double", DType.BF16: "mj::bf16", DType.F16: "mj::f16",
           DType.BOOL: "mj::mask8"}  # fmt: skip
-_HALF = frozenset({DType.BF16, DType.F16})
 # stored narrow, computed in float: the half types and masks (a mask reads as 0 or 1)
-_NARROW = _HALF | {DType.BOOL}
+_NARROW = HALF | {DType.BOOL}
 _ALIGN = 64
 _KERNEL_PARAMS = "const void* const* inputs, void* const* outputs, const mj_pool* pool"
 # Tiles of one block beyond this many bytes go to thread-local storage instead of the stack.
@@ -166,7 +169,7 @@ def _tile_bytes(t: TensorType) -> int:
 
 def _round(t: TensorType) -> str | None:
     """The functor rounding a float value to ``t``'s half type, or None for other dtypes."""
-    return f"mj::op::Round<{_CTYPE[t.dtype]}>{{}}" if t.dtype in _HALF else None
+    return f"mj::op::Round<{_CTYPE[t.dtype]}>{{}}" if t.dtype in HALF else None
 
 
 _shape = shape_type
@@ -248,11 +251,14 @@ class _KernelEmitter(KernelEmitter):
 
     def _stored(self, v: int) -> str:
         """The C++ element type of v's memory: its dtype's in the kernel's own buffers (inputs,
-        outputs), its compute type in scratch."""
+        outputs) and for half-precision values rounded where they are written
+        (``ir.precision``: read as half as many bytes), its compute type in other scratch."""
         t, root = self.g.types[v], self.storage.root(v)
-        if root in self.storage.input_index or root in self.storage.output_of:
-            return _ctype(t, self.g.producer(v).op)
-        return _compute_ctype(t, self.g.producer(v).op)
+        producer = self.g.producer(root)
+        if (root in self.storage.input_index or root in self.storage.output_of
+                or (t.dtype in HALF and materialised(self.g, producer))):  # fmt: skip
+            return _ctype(t, producer.op)
+        return _compute_ctype(t, producer.op)
 
     def source(self) -> str:
         _check_dtypes(self.g)
@@ -497,10 +503,32 @@ class _BlockEmitter:
 
     def _tile(self, v: int, op: Op) -> str:
         t = self.g.types[v]
-        self.decls.append(f"mj::Tile<{_compute_ctype(t, op)}, {_shape(t.shape)}> t{v};")
-        self.frame_bytes += _tile_bytes(t)
+        if self._narrow_operand(v, op):
+            ctype, nbytes = _CTYPE[t.dtype], t.nbytes
+        else:
+            ctype, nbytes = _compute_ctype(t, op), _tile_bytes(t)
+        self.decls.append(f"mj::Tile<{ctype}, {_shape(t.shape)}> t{v};")
+        self.frame_bytes += nbytes
         self.name[v] = f"t{v}"
         return self.name[v]
+
+    def _viewable(self, v: int) -> bool:
+        """Whether input tile v may be used where it lies (when contiguous): in its compute
+        type, or in a half type that its users widen as they read (elementwise ops,
+        reductions, matmuls)."""
+        dtype = self.g.types[v].dtype
+        if dtype not in _NARROW:
+            return True
+        return dtype in HALF and all(
+            op_group(u.op) in _ELEMENTWISE or u.op in REDUCTIONS or u.op is Op.MATMUL
+            for u in self.g.users(v))  # fmt: skip
+
+    def _narrow_operand(self, v: int, op: Op) -> bool:
+        """Whether elementwise value v of a half type is held in that type: where it is
+        rounded to it as a matmul's operand (``ir.precision``; two bf16 operands then multiply
+        as pairs, and reductions widen it as they read)."""
+        return (self.g.types[v].dtype in HALF and op_group(op) in _ELEMENTWISE
+                and materialised(self.g, self.g.producer(v)))  # fmt: skip
 
     def _where(self, v: int) -> list[str]:
         return self.sections[SECTION[self.phase[v]]]
@@ -518,7 +546,7 @@ class _BlockEmitter:
             if reads_in_place(g, v):
                 self.name[v] = f"t{v}"
                 stmt = f"const auto t{v} = mj::tile_ref{tmpl}, {tile}>(in{arg}, b, {it});"
-            elif g.types[v].dtype not in _NARROW and is_contiguous_tile(g.types[v].shape, full):
+            elif self._viewable(v) and is_contiguous_tile(g.types[v].shape, full):
                 self.name[v] = f"t{v}"
                 stmt = f"const auto t{v} = mj::tile_view{tmpl}, {tile}>(in{arg}, b, {it});"
             else:
