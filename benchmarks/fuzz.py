@@ -237,7 +237,7 @@ class _Builder:
             "jnp.abs({})", "jax.nn.relu({})", "jax.nn.silu({})", "jnp.log({})", "jnp.sqrt({})",
             "jax.lax.rsqrt({})", "jax.lax.erf({})", "{} ** 3", "jax.nn.gelu({})",
             "jax.nn.gelu({}, approximate=False)", "1.0 / {}", "jnp.clip({}, -1.5, 2.0)",
-            "jnp.minimum({}, 0.0)", "{} ** -2",
+            "jnp.minimum({}, 0.0)", "{} ** -2", "jnp.sin({})", "jnp.cos({})",
         ))  # fmt: skip
         self.emit(fn.format(v.name), v.shape)
         return True

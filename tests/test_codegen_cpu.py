@@ -143,6 +143,7 @@ UNARY_CASES = [
     (Op.EXP, {}, False), (Op.LOG, {}, True), (Op.SQUARE, {}, False), (Op.SQRT, {}, True),
     (Op.RSQRT, {}, True), (Op.SIGMOID, {}, False), (Op.SILU, {}, False), (Op.GELU, {}, False),
     (Op.TANH, {}, False), (Op.ERF, {}, False), (Op.ERFC, {}, False), (Op.RELU, {}, False),
+    (Op.SIN, {}, False), (Op.COS, {}, False),
     (Op.NEG, {}, False), (Op.RECIPROCAL, {}, True), (Op.MUL_SCALAR, {"scalar": -1.75}, False),
     (Op.ADD_SCALAR, {"scalar": 0.3}, False), (Op.POW_SCALAR, {"exponent": 3.0}, False),
     (Op.POW_SCALAR, {"exponent": -2.0}, True), (Op.POW_SCALAR, {"exponent": 0.5}, True),
@@ -185,6 +186,29 @@ def test_unary_special_values() -> None:
             w32 = np.where(np.abs(w) < np.finfo(np.float32).tiny, 0.0, w).astype(np.float32)
             ok = (g == w32) | (np.isnan(g) & np.isnan(w)) | (np.abs(g - w) <= 4e-7 * np.abs(w))
             assert ok.all(), f"{op.value}: x={x[~ok]} got {g[~ok]} want {w[~ok]}"
+
+
+def test_sin_and_cos_reduce_the_argument_accurately() -> None:
+    """float32 sin / cos against float64 of the same inputs: within 2 float32 ulps relative
+    below pi/4 (no reduction), within 2 ulps of 1 absolute after it (as Cephes' reduction;
+    RoPE angles reach thousands of radians), std:: in double beyond 12800 and for inf / nan."""
+    sweep = np.linspace(-13000.0, 13000.0, 40001, dtype=np.float32)
+    specials = [0.0, -0.0, 1e-30, -1e-30, 1e-4, 0.78539816, -0.78539816, 1.5707964, 3.1415927,
+                -3.1415927, 12799.9, 12800.1, 1e5, -3e38, np.inf, -np.inf, np.nan]  # fmt: skip
+    x = np.concatenate([sweep, np.array(specials * 3, np.float32)])
+    kb = KernelBuilder()
+    xi = kb.input(T(x.size))
+    kb.output(kb.apply(Op.SIN, xi))
+    kb.output(kb.apply(Op.COS, xi))
+    got = run_cpu(kb.build(), [x])
+    x64 = x.astype(np.float64)
+    eps = float(np.finfo(np.float32).eps)
+    with np.errstate(invalid="ignore"):
+        for name, g, w in zip(("sin", "cos"), got, (np.sin(x64), np.cos(x64))):
+            tol = 2 * eps * np.where(np.abs(x64) < 0.785, np.abs(w), 1.0)
+            ok = (np.isnan(g) & np.isnan(w)) | (np.abs(g - w) <= tol)
+            assert ok.all(), f"{name}: x={x[~ok][:4]} got {g[~ok][:4]} want {w[~ok][:4]}"
+    assert np.signbit(got[0][sweep.size + 1])  # sin(-0) = -0
 
 
 BINARY = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX]

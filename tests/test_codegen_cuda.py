@@ -75,7 +75,7 @@ UNARY_CASES = [
     (Op.EXP, {}, False), (Op.LOG, {}, True), (Op.SQUARE, {}, False), (Op.SQRT, {}, True),
     (Op.RSQRT, {}, True), (Op.SIGMOID, {}, False), (Op.SILU, {}, False), (Op.GELU, {}, False),
     (Op.TANH, {}, False), (Op.ERF, {}, False), (Op.ERFC, {}, False), (Op.RELU, {}, False),
-    (Op.NEG, {}, False),
+    (Op.SIN, {}, False), (Op.COS, {}, False), (Op.NEG, {}, False),
     (Op.RECIPROCAL, {}, True), (Op.MUL_SCALAR, {"scalar": -1.75}, False),
     (Op.ADD_SCALAR, {"scalar": 0.3}, False), (Op.POW_SCALAR, {"exponent": 3.0}, False),
     (Op.POW_SCALAR, {"exponent": 1.7}, True),

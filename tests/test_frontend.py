@@ -202,6 +202,8 @@ ELEMENTWISE = {
     "gelu_erf": lambda x: jax.nn.gelu(x, approximate=False), "relu6": jax.nn.relu6,
     "softplus_free": lambda x: jnp.maximum(x, -jnp.inf), "copy": lambda x: jnp.array(x, copy=True),
     "stop_gradient": jax.lax.stop_gradient, "f16_cast": lambda x: x.astype(jnp.float16) * 2,
+    "sin": jnp.sin, "cos": jnp.cos,
+    "rope": lambda x: x * jnp.cos(3.0 * x) + jnp.roll(x, 8, axis=-1) * jnp.sin(3.0 * x),
 }  # fmt: skip
 
 

@@ -71,6 +71,8 @@ UNARY_CASES = [
     (Op.TANH, {}, np.tanh, jnp.tanh, False),
     (Op.ERF, {}, sp_erf, jax.scipy.special.erf, False),
     (Op.ERFC, {}, sp_erfc, jax.scipy.special.erfc, False),
+    (Op.SIN, {}, np.sin, jnp.sin, False),
+    (Op.COS, {}, np.cos, jnp.cos, False),
     (Op.RELU, {}, lambda x: np.where(x > 0, x, 0.0), jax.nn.relu, False),
     (Op.NEG, {}, np.negative, jnp.negative, False),
     (Op.RECIPROCAL, {}, lambda x: 1 / x, jnp.reciprocal, True),

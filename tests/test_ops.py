@@ -165,7 +165,8 @@ def _numeric(term: ab.Term, env: list[np.ndarray]) -> np.ndarray:
     assert head == "fn", f"no numeric meaning for {head}"
     if p.startswith("pow:"):
         return args[0] ** float(p[4:])
-    fns = {"tanh": np.tanh, "log": np.log, "erf": math.erf, "erfc": math.erfc}
+    fns = {"tanh": np.tanh, "log": np.log, "erf": math.erf, "erfc": math.erfc, "sin": np.sin,
+           "cos": np.cos}
     return np.vectorize(fns[p])(args[0])
 
 

@@ -329,7 +329,7 @@ RULES: dict[str, Rule] = {
     **{name: _unary(op) for name, op in {
         "exp": Op.EXP, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "tanh": Op.TANH,
         "logistic": Op.SIGMOID, "erf": Op.ERF, "erfc": Op.ERFC, "neg": Op.NEG,
-        "square": Op.SQUARE,
+        "square": Op.SQUARE, "sin": Op.SIN, "cos": Op.COS,
     }.items()},
     **{name: _binary(name) for name in ("add", "sub", "mul", "div", "max", "min", "pow")},
     "add_any": _binary("add"),  # how reverse-mode autodiff sums cotangents

@@ -107,6 +107,8 @@ class FloatSystem(NumberSystem):
     sqrt = _lift(np.sqrt)
     square = _lift(np.square)
     tanh = _lift(np.tanh)
+    sin = _lift(np.sin)
+    cos = _lift(np.cos)
     matmul = _lift(batched_matmul)
 
     def erf(self, x):

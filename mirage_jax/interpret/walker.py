@@ -123,6 +123,12 @@ class NumberSystem(ABC):
     def erfc(self, x: Any) -> Any: ...
 
     @abstractmethod
+    def sin(self, x: Any) -> Any: ...
+
+    @abstractmethod
+    def cos(self, x: Any) -> Any: ...
+
+    @abstractmethod
     def scale(self, x: Any, c: float | Fraction) -> Any:
         """x * c for a constant c."""
 

