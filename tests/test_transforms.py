@@ -286,6 +286,37 @@ def test_suite_programs_differentiate_whatever_their_regions_became(name: str, s
     assert ("under derivatives" in fast.explain(*args)) == (strategy == "as_is")
 
 
+def _extra_programs() -> dict:
+    import programs
+
+    return {p.name: p for p in programs.extra_programs()}
+
+
+@pytest.mark.parametrize("name", sorted(_extra_programs()))
+def test_the_further_test_programs_differentiate_whatever_their_regions_became(
+    name: str, strategy: str
+) -> None:
+    """The tests' further programs (norms, softmax, residuals, cuts around sort and cumsum,
+    pytree arguments), forced to custom calls or kept by XLA: jit(value_and_grad) over every
+    argument, pytrees included, and grad through jax.checkpoint equal jax's on fresh inputs."""
+    import programs
+
+    program = _extra_programs()[name]
+    args = program.call_args([jnp.asarray(x) for x in programs.make_inputs(program, seed=31)])
+    fresh = program.call_args([jnp.asarray(x) for x in programs.make_inputs(program, seed=32)])
+    fast = _optimized(program.fn, strategy)
+    custom = [p.impl is not None for p in fast.plan(*args).regions]
+    assert all(custom) if strategy == "as_is" else not any(custom), fast.explain(*args)
+    argnums = tuple(range(len(args)))
+
+    def loss(fn):  # over every output leaf (pytree_mlp returns a dict)
+        return lambda *a: sum(jnp.sum(y * jnp.sin(y)) for y in jax.tree_util.tree_leaves(fn(*a)))
+
+    want = jax.jit(jax.value_and_grad(loss(program.fn), argnums=argnums))(*fresh)
+    _close(jax.jit(jax.value_and_grad(loss(fast), argnums=argnums))(*fresh), want)
+    _close(jax.grad(loss(jax.checkpoint(fast)))(*fresh), jax.grad(loss(program.fn))(*fresh))
+
+
 def test_under_a_transformation_the_plan_joins_the_callers_trace() -> None:
     """Called on tracers, an optimized function inlines its program as the plain function
     would: no jit boundary for reverse mode to split into a forward and a backward call (XLA
