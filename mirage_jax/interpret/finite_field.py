@@ -25,9 +25,10 @@ Semantics (every op reduces to these):
 - sigmoid = 1/(1+exp(-x)), silu = x*sigmoid(x), tanh = (exp(2x)-1)/(exp(2x)+1), gelu by its
   tanh formula, square = x*x, pow_scalar: non-negative integer -> repeated multiplication,
   negative integer -> reciprocal of that, 0.5 -> sqrt, -0.5 -> rsqrt, others uninterpreted.
-- sqrt, log, erf, erfc, sin, cos (and pow_scalar by other exponents): uninterpreted functions: a fixed
-  pseudo-random function (splitmix64 with a per-op tag and ``Field.seed``) of the input pair,
-  the same in every graph; rsqrt = 1/sqrt, reduce_rms / acc_rms = sqrt(mean(x^2)).
+- sqrt, log, erf, erfc, sin, cos (and pow_scalar by other exponents): uninterpreted
+  functions: a fixed pseudo-random function (splitmix64 with a per-op tag and ``Field.seed``)
+  of the input pair, the same in every graph; rsqrt = 1/sqrt, reduce_rms / acc_rms =
+  sqrt(mean(x^2)).
 - max (binary, reduce_max, acc_max, relu = max(x, 0)): the lexicographic max of the *signed*
   representatives (a in (-p/2, p/2), then b): a total order, so associative, commutative and
   idempotent like real max (the max of tile maxima is the row max). Signed, because with

@@ -9,8 +9,9 @@ bf16 are computed in float32 and rounded to their type where XLA writes them out
 (``ir.precision``: graph inputs and outputs, casts, the results of matmuls and reductions, and
 the operands of matmuls). Elementwise chains stay in float32 unrounded, as in XLA's fusions
 (its excess precision): rounding every intermediate would be less precise than ``jax.jit``
-where a sum cancels. The CPU and CUDA kernels round at the same places. ``precision="float64"`` upcasts every input and every op to float64 and ignores
-casts: the high-precision reference the float check compares against.
+where a sum cancels. The CPU and CUDA kernels round at the same places. ``precision="float64"``
+upcasts every input and every op to float64 and ignores casts: the high-precision reference
+the float check compares against.
 """
 
 from __future__ import annotations

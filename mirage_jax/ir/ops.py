@@ -190,8 +190,9 @@ def _info() -> dict[Op, OpInfo]:
 
     # element_flops: measured with the runtime's float32 kernels (math.h) on 16 KiB rows in L1
     # on the 2-core Zen 5, against a multiply at 53 G elements/s per core: exp 3.9, tanh 2.5,
-    # sqrt-then-divide 9, divide 24; sin and cos 3.5 where exp ran 4.0 in the same loop. The others are composed from those (sigmoid and silu: an
-    # exp and a divide; log like exp; erf and gelu like tanh, erfc like erf and exp; pow: a log and an exp).
+    # sqrt-then-divide 9, divide 24; sin and cos 3.5 where exp ran 4.0 in the same loop. The
+    # others are composed from those (sigmoid and silu: an exp and a divide; log like exp; erf
+    # and gelu like tanh, erfc like erf and exp; pow: a log and an exp).
     return {
         Op.INPUT: structure(0, frozenset({K, T}), abstract="var[index]"),
         Op.OUTPUT: structure(1, frozenset({K, T}), outputs=0),

@@ -4,9 +4,9 @@
 // (elementwise.h widens each element as it is read); matmuls and reductions widen a vector at
 // a time as they read (load_wide). A half-precision result of a reduction is computed in float
 // and rounded as it is copied out (with_wide_output: reduction results are small); a matmul
-// rounds each task's block from a float tile in cache (matmul.h). Block-level code never needs
-// this: its tiles of half-precision values are float, loaded and stored with the conversion
-// (tile.h).
+// rounds each task's block from a float tile in cache (matmul.h). Block-level tiles of
+// half-precision values are float, loaded and stored with the conversion (tile.h), but for a
+// matmul operand rounded to its type (ir/precision.py), which a block holds in that type.
 #pragma once
 
 #include <cstring>
