@@ -143,7 +143,7 @@ UNARY_CASES = [
     (Op.EXP, {}, False), (Op.LOG, {}, True), (Op.SQUARE, {}, False), (Op.SQRT, {}, True),
     (Op.RSQRT, {}, True), (Op.SIGMOID, {}, False), (Op.SILU, {}, False), (Op.GELU, {}, False),
     (Op.TANH, {}, False), (Op.ERF, {}, False), (Op.ERFC, {}, False), (Op.RELU, {}, False),
-    (Op.SIN, {}, False), (Op.COS, {}, False),
+    (Op.SIN, {}, False), (Op.COS, {}, False), (Op.SIGN, {}, False),
     (Op.NEG, {}, False), (Op.RECIPROCAL, {}, True), (Op.MUL_SCALAR, {"scalar": -1.75}, False),
     (Op.ADD_SCALAR, {"scalar": 0.3}, False), (Op.POW_SCALAR, {"exponent": 3.0}, False),
     (Op.POW_SCALAR, {"exponent": -2.0}, True), (Op.POW_SCALAR, {"exponent": 0.5}, True),
@@ -170,7 +170,8 @@ def test_unary_special_values() -> None:
                 30.0, -30.0, 4.5, -4.5, 0.6, -0.63, 1e-4, -1e-4, 3e38, -1.0, 2.0, 1.0, 7.07, -7.07,
                 9.0, 1.9999]  # fmt: skip
     x = np.array(specials * 3, np.float32)  # vector lanes and scalar tail both see them
-    ops = [Op.EXP, Op.LOG, Op.TANH, Op.ERF, Op.ERFC, Op.SIGMOID, Op.SQRT, Op.RSQRT, Op.RELU]
+    ops = [Op.EXP, Op.LOG, Op.TANH, Op.ERF, Op.ERFC, Op.SIGMOID, Op.SQRT, Op.RSQRT, Op.RELU,
+           Op.SIGN]  # fmt: skip
     kb = KernelBuilder()
     xi = kb.input(T(x.size))
     for op in ops:
@@ -181,7 +182,8 @@ def test_unary_special_values() -> None:
         from scipy.special import erf, erfc, expit
 
         want = [np.exp(x64), np.log(x64), np.tanh(x64), erf(x64), erfc(x64), expit(x64),
-                np.sqrt(x64), 1 / np.sqrt(x64), np.maximum(x64, 0)]  # fmt: skip
+                np.sqrt(x64), 1 / np.sqrt(x64), np.maximum(x64, 0),
+                np.where(x64 == 0, x64, np.sign(x64))]  # fmt: skip
         for op, g, w in zip(ops, got, want):
             w32 = np.where(np.abs(w) < np.finfo(np.float32).tiny, 0.0, w).astype(np.float32)
             ok = (g == w32) | (np.isnan(g) & np.isnan(w)) | (np.abs(g - w) <= 4e-7 * np.abs(w))

@@ -298,7 +298,7 @@ def test_gelu_is_its_tanh_formula(rng):
 def test_uninterpreted_functions_are_fixed_per_op_and_seed(rng):
     t = T(64)
     g = kernel([t], lambda kb, x: (ap(kb, Op.SQRT, x), ap(kb, Op.LOG, x), ap(kb, Op.ERF, x),
-                                   ap(kb, Op.ERFC, x), ap(kb, Op.SIN, x), ap(kb, Op.COS, x),
+                                   ap(kb, Op.ERFC, x), ap(kb, Op.SIN, x), ap(kb, Op.COS, x), ap(kb, Op.SIGN, x),
                                    ap(kb, Op.POW_SCALAR, x, exponent=1.5)))  # fmt: skip
     x = random_inputs([t], F, rng)
     first = ff_evaluate(g, x, F)
@@ -308,7 +308,7 @@ def test_uninterpreted_functions_are_fixed_per_op_and_seed(rng):
         same_p(a, b)
         assert a.b is not None and 0 <= a.b.min() and a.b.max() < F.q
         assert not np.array_equal(a.a, c.a)
-    for i in range(6):  # distinct functions per op
+    for i in range(7):  # distinct functions per op
         for j in range(i):
             assert not np.array_equal(first[i].a, first[j].a)
 

@@ -186,7 +186,7 @@ def test_golden_kernel_graph_text() -> None:
 
 # ------------------------------------------------------------------------------ rule table
 
-POSITIVE = {"log", "sqrt", "rsqrt", "pow_half", "pow_float"}
+POSITIVE = {"log", "log2", "sqrt", "rsqrt", "pow_half", "pow_float"}
 ELEMENTWISE = {
     "exp": jnp.exp, "log": jnp.log, "sqrt": jnp.sqrt, "rsqrt": jax.lax.rsqrt,
     "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf,
@@ -202,7 +202,7 @@ ELEMENTWISE = {
     "gelu_erf": lambda x: jax.nn.gelu(x, approximate=False), "relu6": jax.nn.relu6,
     "softplus_free": lambda x: jnp.maximum(x, -jnp.inf), "copy": lambda x: jnp.array(x, copy=True),
     "stop_gradient": jax.lax.stop_gradient, "f16_cast": lambda x: x.astype(jnp.float16) * 2,
-    "sin": jnp.sin, "cos": jnp.cos,
+    "sin": jnp.sin, "cos": jnp.cos, "sign": jnp.sign, "exp2": jnp.exp2, "log2": jnp.log2,
     "rope": lambda x: x * jnp.cos(3.0 * x) + jnp.roll(x, 8, axis=-1) * jnp.sin(3.0 * x),
 }  # fmt: skip
 

@@ -73,6 +73,7 @@ UNARY_CASES = [
     (Op.ERFC, {}, sp_erfc, jax.scipy.special.erfc, False),
     (Op.SIN, {}, np.sin, jnp.sin, False),
     (Op.COS, {}, np.cos, jnp.cos, False),
+    (Op.SIGN, {}, lambda x: np.where(x == 0, x, np.sign(x)), jnp.sign, False),
     (Op.RELU, {}, lambda x: np.where(x > 0, x, 0.0), jax.nn.relu, False),
     (Op.NEG, {}, np.negative, jnp.negative, False),
     (Op.RECIPROCAL, {}, lambda x: 1 / x, jnp.reciprocal, True),

@@ -166,7 +166,7 @@ def _numeric(term: ab.Term, env: list[np.ndarray]) -> np.ndarray:
     if p.startswith("pow:"):
         return args[0] ** float(p[4:])
     fns = {"tanh": np.tanh, "log": np.log, "erf": math.erf, "erfc": math.erfc, "sin": np.sin,
-           "cos": np.cos}
+           "cos": np.cos, "sign": np.sign}
     return np.vectorize(fns[p])(args[0])
 
 

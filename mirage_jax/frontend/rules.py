@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from jax.extend.core import JaxprEqn
 
 from mirage_jax.frontend.builder import RegionBuilder, Unsupported, View, tensor_type
@@ -38,6 +39,13 @@ def _unary(op: Op) -> Rule:
         return [b.view(b.apply(op, x.vid), x.shape)]
 
     return rule
+
+
+def _exp2(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    """exp2 as jax lowers it for XLA: exp(log(2) * x), with log(2) rounded to x's dtype."""
+    x = b.tensor(eqn.invars[0])
+    ln2 = float(np.asarray(math.log(2.0), tensor_type(eqn.invars[0].aval).dtype.numpy))
+    return [b.view(b.apply(Op.EXP, b.apply(Op.MUL_SCALAR, x.vid, scalar=ln2)), x.shape)]
 
 
 def _identity(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
@@ -329,12 +337,13 @@ RULES: dict[str, Rule] = {
     **{name: _unary(op) for name, op in {
         "exp": Op.EXP, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "tanh": Op.TANH,
         "logistic": Op.SIGMOID, "erf": Op.ERF, "erfc": Op.ERFC, "neg": Op.NEG,
-        "square": Op.SQUARE, "sin": Op.SIN, "cos": Op.COS,
+        "square": Op.SQUARE, "sin": Op.SIN, "cos": Op.COS, "sign": Op.SIGN,
     }.items()},
     **{name: _binary(name) for name in ("add", "sub", "mul", "div", "max", "min", "pow")},
     "add_any": _binary("add"),  # how reverse-mode autodiff sums cotangents
     "abs": _abs,
     "log": _log,
+    "exp2": _exp2,
     "integer_pow": _integer_pow,
     "clamp": _clamp,
     "select_n": _select_n,

@@ -110,6 +110,10 @@ class FloatSystem(NumberSystem):
     tanh = _lift(np.tanh)
     sin = _lift(np.sin)
     cos = _lift(np.cos)
+
+    def sign(self, x):
+        x = _up(x)
+        return np.where(x == 0, x, np.sign(x))  # XLA keeps -0 (numpy's sign gives +0)
     matmul = _lift(batched_matmul)
 
     def erf(self, x):

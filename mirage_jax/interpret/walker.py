@@ -129,6 +129,9 @@ class NumberSystem(ABC):
     def cos(self, x: Any) -> Any: ...
 
     @abstractmethod
+    def sign(self, x: Any) -> Any: ...
+
+    @abstractmethod
     def scale(self, x: Any, c: float | Fraction) -> Any:
         """x * c for a constant c."""
 

@@ -65,6 +65,7 @@ class Op(enum.Enum):
     ERFC = "erfc"  # not 1 - erf: that is 0 where erfc is tiny (and its sign matters)
     SIN = "sin"
     COS = "cos"
+    SIGN = "sign"  # -1, +-0 (its own sign), 1; NaN stays NaN
     RELU = "relu"
     NEG = "neg"
     RECIPROCAL = "reciprocal"
@@ -229,6 +230,7 @@ def _info() -> dict[Op, OpInfo]:
         Op.ERFC: unary("Erfc", "fn[erfc](x)", "fresh", element_flops=20.0, transcendental=True),
         Op.SIN: unary("Sin", "fn[sin](x)", "fresh", element_flops=9.0, transcendental=True),
         Op.COS: unary("Cos", "fn[cos](x)", "fresh", element_flops=9.0, transcendental=True),
+        Op.SIGN: unary("Sign", "fn[sign](x)", "fresh"),
         Op.RELU: unary("Relu", "max(x, 0)", "fresh"),
         Op.NEG: unary("Neg", "neg(x)", "same"),
         Op.RECIPROCAL: unary("Reciprocal", "inv(x)", "reciprocal", element_flops=1.25,

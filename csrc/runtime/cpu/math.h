@@ -344,6 +344,8 @@ MJ_UNARY(Erf, fm::erf(x))
 MJ_UNARY(Erfc, fm::erfc(x))
 MJ_UNARY(Sin, fm::sin(x))
 MJ_UNARY(Cos, fm::cos(x))
+// -1 or 1; zeros keep their sign and NaN stays NaN, as XLA's sign
+MJ_UNARY(Sign, x > S(0) ? splat<T>(S(1)) : (x < S(0) ? splat<T>(S(-1)) : x))
 // max(x, 0) as XLA: NaN stays NaN, -0 becomes +0
 MJ_UNARY(Relu, x > S(0) ? x : (x != x ? x : T{}))
 MJ_UNARY(Neg, -x)
