@@ -284,6 +284,11 @@ def _tag(name: str, seed: int) -> np.uint64:
 # the number system
 
 
+def _opaque(tag: str) -> Any:
+    """The operator of an uninterpreted function named ``tag`` (see ``_uninterpreted``)."""
+    return lambda self, x: self._uninterpreted(x, tag)
+
+
 class FieldSystem(NumberSystem):
     """(Z_p, Z_q) pairs; see the module docstring for every op's definition."""
 
@@ -393,26 +398,9 @@ class FieldSystem(NumberSystem):
         return FFTensor((h % np.uint64(self.f.p)).astype(np.int64),
                         (h2 % np.uint64(self.f.q)).astype(np.int64))  # fmt: skip
 
-    def sqrt(self, x):
-        return self._uninterpreted(x, "sqrt")
-
-    def log(self, x):
-        return self._uninterpreted(x, "log")
-
-    def erf(self, x):
-        return self._uninterpreted(x, "erf")
-
-    def erfc(self, x):
-        return self._uninterpreted(x, "erfc")
-
-    def sin(self, x):
-        return self._uninterpreted(x, "sin")
-
-    def cos(self, x):
-        return self._uninterpreted(x, "cos")
-
-    def sign(self, x):
-        return self._uninterpreted(x, "sign")
+    # the uninterpreted functions (module docstring), each a fixed function of its own
+    sqrt, log, erf, erfc, sin, cos, sign = (
+        _opaque(name) for name in ("sqrt", "log", "erf", "erfc", "sin", "cos", "sign"))
 
     def where(self, m, x, fill, keep):
         # masks are 0/1 in the field: m x + (1 - m) c, exact; a non-finite fill is a fixed
