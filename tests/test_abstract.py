@@ -656,3 +656,18 @@ def test_query_cost() -> None:
     print(f"\n  contains: {cold * 1e6:.1f} us cold, {warm * 1e6:.2f} us cached "
           f"({len(terms)} queries); building a matmul term {build * 1e6:.1f} us")  # fmt: skip
     assert cold < 1e-3 and warm < 1e-4  # loose: the point is no egglog call per query
+
+
+def test_extent_products_past_any_tensor_do_not_abort_the_saturation():
+    """sum-pull and sum-merge turn sum(n, x) * sum(n, y) * sum(n, z) into sums over n**2 and
+    n**3; at n = 2**21 that overflowed egglog's i64 and aborted the search ("call of primitive
+    * failed", seen on a Llama layer's MLP-and-projection region). Products past any tensor's
+    extent are no longer built; those within it still are."""
+
+    def product(n: int):
+        return ab.mul(ab.sum_(n, ab.var(0)), ab.sum_(n, ab.var(1)), ab.sum_(n, ab.var(2)))
+
+    budget = SaturationBudget(time_limit_s=20)
+    assert SubexprOracle([product(2**21)], budget=budget).stats.stop_reason == "saturated"
+    small = SubexprOracle([product(2**12)], budget=budget)
+    assert small.contains(ab.sum_(2**24, ab.mul(ab.var(0), ab.var(1))))

@@ -230,6 +230,32 @@ def _condition(cond: Cond, vs: _RuleVars) -> Any:
     raise ValueError(f"unknown axiom condition {cond.kind!r}")
 
 
+# No tensor has an extent near this. The rules multiply extents (sum-merge: sum(n, sum(m, x))
+# = sum(n*m, x)), and on sums nested ever deeper by other rules the products would overflow
+# egglog's i64, which aborts the whole saturation ("call of primitive * failed"); each product
+# on a right-hand side is guarded instead.
+_MAX_EXTENT = 1 << 40
+
+
+def _product_bounds(pat: Pat, vs: _RuleVars) -> list[Any]:
+    """Conditions keeping every extent product ``pat`` builds at most ``_MAX_EXTENT``."""
+    conds = []
+    params = [pat.param] if isinstance(pat.param, Param) else []
+    while params:
+        p = params.pop()
+        if p.is_plain:
+            continue
+        params.extend(p.args)
+        if p.kind == "int" and p.op == "*":
+            x, y = p.args
+            if not (x.is_plain and y.is_plain):
+                raise ValueError(f"extent product {p} of products: its bound would overflow")
+            conds.append(_param(x, vs) <= i64(_MAX_EXTENT) / _param(y, vs))
+    for arg in pat.args:
+        conds.extend(_product_bounds(arg, vs))
+    return conds
+
+
 def axiom_rewrites(axiom: Axiom) -> list[Any]:
     """The egglog rewrite(s) of one axiom (two for a two-way axiom)."""
     out = []
@@ -238,7 +264,7 @@ def axiom_rewrites(axiom: Axiom) -> list[Any]:
         directions.append((axiom.rhs, axiom.lhs, "b"))
     for lhs, rhs, tag in directions:
         vs = _RuleVars(f"{axiom.name.replace('-', '_')}_{tag}")
-        conds = [_condition(c, vs) for c in axiom.when]
+        conds = [_condition(c, vs) for c in axiom.when] + _product_bounds(rhs, vs)
         rw = rewrite(_pattern(lhs, vs)).to(_pattern(rhs, vs), *conds)
         RULE_NAMES[rw.decl] = axiom.name + ("" if tag == "f" else " (reverse)")
         out.append(rw)
