@@ -416,3 +416,27 @@ def test_two_processes_plan_the_same_function_at_once(cache: Path, tmp_path: Pat
     _clean(cache)
     assert len(list(cache.glob("decisions/*.json"))) == 1
     _next_run_works(cache)
+
+
+def test_an_unexpected_error_in_one_regions_search_costs_that_region_alone(monkeypatch):
+    """A bug (ours or a library's) raised while planning one region keeps that region with
+    XLA, says so, and the other regions and the program still run."""
+    real = planner.superoptimize
+
+    def fails_on_tanh(target, *args, **kwargs):
+        if any(n.op.name == "TANH" for n in target.nodes):
+            raise OverflowError("a panic deep inside a library")
+        return real(target, *args, **kwargs)
+
+    monkeypatch.setattr(planner, "superoptimize", fails_on_tanh)
+
+    def g(x):
+        return jnp.sort(jnp.tanh(x) * 2.0, axis=-1) @ x.T * 3.0 + 1.0
+
+    config = SearchConfig(workers=1, time_candidates=False, progress=False, max_tasks=4)
+    opt = mj.optimize(g, config=config, require_speedup=False, cache=False)
+    np.testing.assert_allclose(opt(X), jax.jit(g)(X), rtol=2e-5, atol=2e-5)
+    first, second = opt.plan(X).regions
+    assert first.impl is None and second.impl is not None
+    assert "internal error (OverflowError: a panic deep inside a library)" in first.reason
+    assert "mirage_jax bug" in first.reason

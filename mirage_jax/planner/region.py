@@ -175,6 +175,12 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend,
         remedy = f" (remedy: {err.remedy})" if err.remedy else ""
         plan.reason = f"fell back to XLA: {err.cause}{remedy}"
         log.warning("region %d: %s", region.index, plan.reason)
+    except Exception as err:  # our bug (or a library's) must cost one region, not the program
+        plan.impl = None
+        error = f"{type(err).__name__}: {err}"
+        plan.reason = f"fell back to XLA: internal error ({error}); {_BUG_REMEDY}"
+        log.warning("region %d: %s", region.index, plan.reason,
+                    exc_info=log.isEnabledFor(logging.DEBUG))
     return plan
 
 
