@@ -376,3 +376,40 @@ def test_first_call_under_vmap_plans_the_per_example_shapes():
     plan = fast.plan(xs[0], ws[0])
     assert fast._plans[key] is plan and [p.impl is not None for p in plan.regions] == [True]
     _close(fast(xs[1], ws[1]), jax.jit(_tanh_matmul)(xs[1], ws[1]))
+
+
+def test_custom_calls_that_lose_in_the_whole_program_are_dropped(monkeypatch, tmp_path):
+    """Each region wins alone, but together the program is slower than jax.jit: the plan
+    keeps the half that saved most alone (measured faster), says why, and caches the choice."""
+    from mirage_jax.api import optimized as api
+
+    monkeypatch.setenv("MIRAGE_JAX_CACHE_DIR", str(tmp_path))
+    savings = iter([(1e-6, 3e-6), (1e-6, 2e-6)])  # region 0 saves 2 us alone, region 1 1 us
+    monkeypatch.setattr(planner, "compare", lambda *a, **k: next(savings))
+    measured: list[frozenset] = []
+
+    def timer(program, regions, fn, args, static_argnums):
+        def measure(keep):
+            measured.append(keep)
+            return (1.0, 0.9) if len(keep) == 2 else (1.0, 1.2)  # 0.90x with both, 1.20x with one
+
+        return measure
+
+    monkeypatch.setattr(api, "_program_timer", timer)
+
+    def f(x):
+        return jnp.sort(jnp.tanh(x) * 2.0, axis=-1) * 3.0 + 1.0
+
+    x = _randn(8, 16, seed=0)
+    fast = mj.optimize(f, strategy="as_is")
+    _close(fast(x), jax.jit(f)(x))
+    first, second = fast.plan(x).regions
+    assert first.impl is not None and second.impl is None
+    assert second.reason.startswith("dropped from the program: with all 2 custom calls the "
+                                    "program ran 0.90x of jax.jit")
+    report = fast.explain(x)
+    assert "kept the 1 that saved most alone (1.20x)" in report and "whole program:" in report
+    assert measured == [frozenset({0, 1}), frozenset({0})]
+    again = mj.optimize(f, strategy="as_is").plan(x)  # a new process's view: from the cache
+    assert [p.impl is not None for p in again.regions] == [True, False]
+    assert len(measured) == 2

@@ -2,12 +2,14 @@
 
 The pipeline for one set of argument shapes is ``_build_plan``; read it top to bottom:
 
-1. trace the function to a jaxpr and cut it into regions of supported ops (``frontend``);
+1. trace the function to a jaxpr and cut it into regions of supported ops (``frontend``),
+   splitting those too large for one search where the cost model prices the cuts lowest;
 2. pick the backend from the device the arguments live on (``backend_for``); for every
    region, find a μGraph (``planner``: the superoptimizer by default), compile it for that
    backend, check it against XLA on random inputs and time both in this process;
 3. keep the custom call only where it is verified and faster, else leave the region to XLA
-   and record why;
+   and record why; then time the whole program with its custom calls against ``jax.jit``
+   and drop those that do not pay for themselves there (``planner.whole``);
 4. jit the whole function with the kept regions as custom calls (``TracedProgram.run``).
 
 The user's promise: never a wrong answer, never slower than XLA, and ``explain`` says why.
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import numpy as np
 
 from mirage_jax.backend import Backend, backend_for
 from mirage_jax.errors import MirageError
@@ -30,6 +33,9 @@ from mirage_jax.frontend import TracedProgram, trace
 from mirage_jax.planner.autodiff import ReverseChoice, TangentMap, with_derivatives
 from mirage_jax.planner.batching import with_batching
 from mirage_jax.planner.region import RegionPlan, plan_regions
+from mirage_jax.planner.search import split_for_search
+from mirage_jax.planner.whole import keep_winning, program_key
+from mirage_jax.timing import compare
 
 log = logging.getLogger("mirage_jax")
 # MIRAGE_JAX_DEBUG=1 shows the search's stage-by-stage detail (DEBUG) wherever the user's
@@ -78,13 +84,21 @@ class Plan:
     traceable: Callable[..., Any]
     jitted: Callable[..., Any]
     tangent_maps: dict[int, TangentMap] = field(default_factory=dict)  # per custom-call region
+    whole: str = ""  # how the custom calls fared in the whole program (``planner.whole``)
 
     def report(self) -> str:
         lines = [f"{len(self.regions)} region(s), {len(self.program.cuts)} cut(s)"]
+        splits: list[Any] = []
         for plan in self.regions:
+            split = self.program.regions[plan.index].split
+            if split is not None and split not in splits:
+                splits.append(split)
+                lines.append(f"split: {split}")
             lines.append(plan.describe())
         for cut in self.program.cuts:
             lines.append(f"cut: {cut}")
+        if self.whole:
+            lines.append(f"whole program: {self.whole}")
         for index, tangent_map in self.tangent_maps.items():
             backward = tangent_map.report()
             if backward is not None:
@@ -213,8 +227,17 @@ def _build_plan(
     # jnp.mean's divisor would become a captured constant instead of a literal)
     backend = backend_for(jax.tree_util.tree_leaves(
         [a for i, a in enumerate(args) if i not in static_argnums]))  # fmt: skip
+    if options.strategy == "search":
+        program = split_for_search(program, options.config, backend)
     with jax.ensure_compile_time_eval():
         regions = plan_regions(program, options, backend)
+        whole = ""
+        if options.require_speedup:
+            key = program_key([p.key for p in regions], str(program.jaxpr)) if options.cache \
+                else None  # fmt: skip
+            whole = keep_winning(regions, _program_timer(program, regions, fn, args,
+                                                         static_argnums), key,
+                                 alone=not program.cuts)  # fmt: skip
     transformable = {p.index: _transformable(program, p.index, p.impl, options)
                      for p in regions if p.impl is not None}  # fmt: skip
     impls = {index: call for index, (call, _) in transformable.items()}
@@ -224,12 +247,43 @@ def _build_plan(
 
     if not impls:
         plain = _dynamic_call(fn, args, static_argnums)
-        return Plan(program, backend, regions, plain, jax.jit(plain))
+        return Plan(program, backend, regions, plain, jax.jit(plain), whole=whole)
 
     def run(*dynamic: Any) -> Any:
         return program.run(*dynamic, region_impls=impls)
 
-    return Plan(program, backend, regions, run, jax.jit(run), tangent_maps)
+    return Plan(program, backend, regions, run, jax.jit(run), tangent_maps, whole)
+
+
+def _program_timer(program: TracedProgram, regions: Sequence[RegionPlan],
+                   fn: Callable[..., Any], args: Sequence[Any], static_argnums: tuple[int, ...]
+                   ) -> Callable[[frozenset[int]], tuple[float, float]]:  # fmt: skip
+    """Times of the program with the custom calls of a set of regions, and of jax.jit, on the
+    call's own arguments (random ones of their types where the call is being traced)."""
+    dynamic = _concrete([a for i, a in enumerate(args) if i not in static_argnums])
+    baseline = jax.jit(_dynamic_call(fn, args, static_argnums))
+
+    def measure(keep: frozenset[int]) -> tuple[float, float]:
+        impls = {p.index: p.impl for p in regions if p.index in keep}
+        run = jax.jit(lambda *d: program.run(*d, region_impls=impls))
+        return compare(run, baseline, dynamic, rounds=6)
+
+    return measure
+
+
+def _concrete(args: Sequence[Any]) -> list[Any]:
+    """``args`` with every tracer leaf replaced by a random array of its type."""
+    rng = np.random.default_rng(0)
+
+    def leaf(x: Any) -> Any:
+        if not isinstance(x, jax.core.Tracer):
+            return x
+        aval = jax.typeof(x)
+        if jax.numpy.issubdtype(aval.dtype, jax.numpy.floating):
+            return jax.numpy.asarray(rng.standard_normal(aval.shape), aval.dtype)
+        return jax.numpy.zeros(aval.shape, aval.dtype)  # indices and flags: 0 is always valid
+
+    return jax.tree_util.tree_map(leaf, list(args))
 
 
 def _transformable(program: TracedProgram, index: int, kernel: Callable[..., Any],

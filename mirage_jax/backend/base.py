@@ -32,6 +32,12 @@ class CostModel(abc.ABC):
     def estimate_s(self, graph: KernelGraph) -> float:
         """Predicted seconds; ``math.inf`` for a graph this backend cannot run."""
 
+    @abc.abstractmethod
+    def fused_s(self, nbytes: float, matmul_flops: float, element_ops: float) -> float:
+        """Seconds of one kernel that moves ``nbytes`` through memory and does the given work
+        at this machine's ceilings: what a fused region at best costs (the frontend prices the
+        pieces of a split region with it, before any μGraph exists)."""
+
 
 class Backend(abc.ABC):
     """One code generator and the machine it targets (see the module docstring)."""

@@ -4,6 +4,8 @@
 - ``rules``: the primitive -> rule table turning equations into kernel-graph nodes.
 - ``partition``: maximal contiguous runs of supported equations become ``Region``s; each
   unsupported equation is a ``Cut`` with its reason and the user's source line.
+- ``split``: a region too large for one search is cut into pieces at the points a cost model
+  prices lowest (dynamic programming over its equation boundaries).
 - ``program``: ``trace`` and ``TracedProgram`` (``run`` re-executes with region
   implementations; ``describe`` reports).
 """

@@ -71,6 +71,17 @@ def atom_key(atom: Any) -> Any:
 _Node = tuple[Op, tuple[int, ...], tuple[tuple[str, Any], ...]]
 
 
+@dataclass(frozen=True)
+class Work:
+    """What a region under construction computes, for pricing it as one fused kernel."""
+
+    ops: int  # compute nodes reachable from the region's vars
+    inputs: int  # tensors read from outside the region by its compute
+    input_bytes: int  # every region input once
+    matmul_flops: float
+    element_ops: float  # elementwise and reduction element operations (``OpInfo.element_flops``)
+
+
 class RegionBuilder:
     """Graph values and jaxpr-var views of one region; see the module docstring."""
 
@@ -271,6 +282,23 @@ class RegionBuilder:
         for vid in outs:
             kb.output(new[vid])
         return kb.build(), tuple(atom for _, atom in inputs)
+
+    def work(self) -> Work:
+        """The ``Work`` of the equations added so far (nodes no var reaches are not counted)."""
+        ops, mm, elem = 0, 0.0, 0.0
+        live = self._live([view.vid for view in self.env.values()])
+        for vid in live:
+            op, ins, _ = self._nodes[vid]
+            if op not in COMPUTE:
+                continue
+            ops += 1
+            out = self._types[vid]
+            if op is Op.MATMUL:
+                mm += 2.0 * out.size * self._types[ins[0]].shape[-1]
+            else:
+                elem += op.info.element_flops * max([out.size, *(self._types[i].size for i in ins)])
+        read = [vid for _, vid in self._inputs.values() if vid in live]
+        return Work(ops, len(read), sum(self._types[v].nbytes for v in read), mm, elem)
 
     def _live(self, roots: list[int]) -> set[int]:
         live, stack = set(), list(roots)

@@ -4,16 +4,19 @@ Contiguous runs in jaxpr order are always convex (no path leaves a run and comes
 region can be replaced by one call. An equation no rule accepts cuts the current region and is
 reported as a ``Cut`` with the reason and the user's source line. A run with no compute op
 (only layout and casts), or whose results nobody uses, is not a region: XLA keeps it.
+``Assembler`` builds a region from any run of equations; ``frontend.split`` uses it to cut a
+region too large for one search into pieces (``Split`` records why and where).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from jax.extend.core import DropVar, JaxprEqn, Literal, Var
+from jax.extend.core import DropVar, Jaxpr, JaxprEqn, Literal, Var
 
 from mirage_jax.errors import GraphError
 from mirage_jax.frontend.builder import (
@@ -51,6 +54,7 @@ class Region:
     sources: tuple[str, ...]
     backward: bool = False  # holds equations of a derivative's transposed (reverse-mode) part
     forward: bool = True  # holds equations of anything else
+    split: Split | None = None  # set when the region is one piece of a run split for the search
 
     def sample_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Random inputs of the graph's input types (masks: random bools), its literals at
@@ -105,6 +109,50 @@ class Cut:
         return f"{self.primitive} at {self.source or 'an unknown source line'}: {self.reason}"
 
 
+@dataclass(frozen=True)
+class Split:
+    """A run of equations too large for one search, cut into pieces (``frontend.split``).
+
+    ``cuts`` are the equation indices where a piece begins (after the first); ``estimate_s``
+    is the cost model's time of the pieces, each one fused kernel, and ``whole_s`` of the run
+    as one; ``crossing`` the bytes the pieces hand each other through memory.
+    """
+
+    span: tuple[int, int]
+    ops: int
+    inputs: int
+    max_ops: int
+    max_inputs: int
+    cuts: tuple[int, ...]
+    estimate_s: float
+    whole_s: float
+    crossing: int
+
+    def __str__(self) -> str:
+        cuts = ", ".join(map(str, self.cuts))
+        why = []
+        if self.ops > self.max_ops:
+            why.append(f"{self.ops} compute ops, more than the {self.max_ops} a search covers "
+                       "within its budget (SearchConfig.max_region_ops)")
+        if self.inputs > self.max_inputs:
+            why.append(f"{self.inputs} inputs, more than the {self.max_inputs} one searched "
+                       "kernel takes (SearchConfig.max_graph_def_inputs)")
+        return (
+            f"equations [{self.span[0]}, {self.span[1]}) hold {' and '.join(why)}:"
+            f" split before equation(s) {cuts} into {len(self.cuts) + 1} pieces, the cuts the "
+            f"cost model prices lowest ({self.estimate_s * 1e6:.0f} us as fused pieces, "
+            f"{self.whole_s * 1e6:.0f} us as one kernel; {_size_text(self.crossing)} cross "
+            "between pieces)"
+        )
+
+
+def _size_text(nbytes: int) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 def _atom_text(atom: Any, t: Any) -> str:
     if isinstance(atom, Var):
         return str(t)
@@ -113,33 +161,37 @@ def _atom_text(atom: Any, t: Any) -> str:
 
 def partition(flat: FlatJaxpr) -> tuple[tuple[Region, ...], tuple[Cut, ...]]:
     """The regions and cuts of a flat jaxpr, in equation order."""
-    return _Partitioner(flat).run()
+    asm = Assembler(flat.closed.jaxpr, flat.sources)
+    builder = RegionBuilder(0)
+    for i, eqn in enumerate(asm.eqns):
+        reason = asm.apply(builder, eqn)
+        if reason is None:
+            continue
+        asm.cuts.append(Cut(eqn.primitive.name, reason, flat.sources[i], i))
+        asm.close(builder, i)
+        builder = RegionBuilder(i + 1)
+    asm.close(builder, len(asm.eqns))
+    return tuple(asm.regions), tuple(asm.cuts)
 
 
-class _Partitioner:
-    def __init__(self, flat: FlatJaxpr) -> None:
-        self.eqns = flat.closed.jaxpr.eqns
-        self.sources = flat.sources
+class Assembler:
+    """Builds regions from runs of a flat jaxpr's equations; collects them and the cuts."""
+
+    def __init__(self, jaxpr: Jaxpr, sources: Sequence[str | None]) -> None:
+        self.eqns = jaxpr.eqns
+        self.sources = sources
         self.last_use: dict[Var, int] = {}
         for i, eqn in enumerate(self.eqns):
             self.last_use.update((a, i) for a in eqn.invars if isinstance(a, Var))
-        self.program_outs = {a for a in flat.closed.jaxpr.outvars if isinstance(a, Var)}
+        self.program_outs = {a for a in jaxpr.outvars if isinstance(a, Var)}
         self.regions: list[Region] = []
         self.cuts: list[Cut] = []
 
-    def run(self) -> tuple[tuple[Region, ...], tuple[Cut, ...]]:
-        builder = RegionBuilder(0)
-        for i, eqn in enumerate(self.eqns):
-            reason = self._apply(builder, eqn)
-            if reason is None:
-                continue
-            self.cuts.append(Cut(eqn.primitive.name, reason, self.sources[i], i))
-            self._close(builder, i)
-            builder = RegionBuilder(i + 1)
-        self._close(builder, len(self.eqns))
-        return tuple(self.regions), tuple(self.cuts)
+    def escapes(self, var: Var, end: int) -> bool:
+        """Whether ``var`` is read at or after equation ``end`` or is a program output."""
+        return self.last_use.get(var, -1) >= end or var in self.program_outs
 
-    def _apply(self, b: RegionBuilder, eqn: JaxprEqn) -> str | None:
+    def apply(self, b: RegionBuilder, eqn: JaxprEqn) -> str | None:
         """Add ``eqn`` to the region; the reason it cannot be added, or ``None``."""
         name = eqn.primitive.name
         rule = RULES.get(name)
@@ -176,13 +228,14 @@ class _Partitioner:
         if have.dtype is not want.dtype or view.shape != want.shape or not (same_size or broadcast):
             raise GraphError(f"rule produced {have} for a var of type {want}")
 
-    def _close(self, b: RegionBuilder, end: int) -> None:
+    def close(self, b: RegionBuilder, end: int, split: Split | None = None) -> None:
+        """Add the region of ``b``'s equations up to ``end`` (none if it computes nothing that
+        is used; a cut if its graph cannot be built)."""
         start = b.start
         span = range(start, end)
         outvars = [
             v for i in span for v in self.eqns[i].outvars
-            if not isinstance(v, DropVar)
-            and (self.last_use.get(v, -1) >= end or v in self.program_outs)
+            if not isinstance(v, DropVar) and self.escapes(v, end)
         ]  # fmt: skip
         if not outvars:
             return
@@ -203,7 +256,7 @@ class _Partitioner:
         transposed = ["transpose(" in str(self.eqns[i].source_info.name_stack) for i in live]
         self.regions.append(Region(len(self.regions), graph, inputs, tuple(outvars),
                                    (start, end), live, sources, any(transposed),
-                                   not all(transposed)))  # fmt: skip
+                                   not all(transposed), split))  # fmt: skip
 
     def _live_eqns(self, span: range, outvars: list[Var]) -> tuple[int, ...]:
         needed, live = set(outvars), []

@@ -9,8 +9,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 from collections.abc import Callable
 
-from mirage_jax.backend import Backend, get_backend
+from mirage_jax.backend import Backend, CostModel, get_backend
 from mirage_jax.backend.select import platform_for
+from mirage_jax.frontend import TracedProgram
+from mirage_jax.frontend.split import SplitPolicy, split_regions
 from mirage_jax.ir import KernelGraph
 from mirage_jax.planner.cluster import as_executor
 from mirage_jax.search import SearchConfig, SearchResult, Timer
@@ -57,4 +59,21 @@ def choose_on(found: Exploration, config: SearchConfig | None, backend: Backend)
     return found.choose(backend.timer() if timed else None)
 
 
-__all__ = ["choose_on", "explore_on", "superoptimize"]
+def split_for_search(program: TracedProgram, config: SearchConfig | None, backend: Backend
+                     ) -> TracedProgram:  # fmt: skip
+    """``program`` with the regions too large for one search split into pieces the search
+    covers (``SearchConfig.max_region_ops`` compute ops, ``max_graph_def_inputs`` inputs), cut
+    where ``backend``'s cost model prices the pieces lowest."""
+    models: list[CostModel] = []  # made when a region needs splitting: it may calibrate
+
+    def kernel_s(nbytes: float, matmul_flops: float, element_ops: float) -> float:
+        if not models:
+            models.append(backend.cost_model())
+        return models[0].fused_s(nbytes, matmul_flops, element_ops)
+
+    config = config or SearchConfig()
+    policy = SplitPolicy(config.max_region_ops, config.max_graph_def_inputs, kernel_s)
+    return split_regions(program, policy)
+
+
+__all__ = ["choose_on", "explore_on", "split_for_search", "superoptimize"]

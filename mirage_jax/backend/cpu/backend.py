@@ -14,7 +14,7 @@ from mirage_jax.backend.base import (
 )
 from mirage_jax.backend.cpu.build import compile_shared_library, runtime_include_dir
 from mirage_jax.backend.cpu.calibrate import host_model, kernel_flags
-from mirage_jax.backend.cpu.cost import CpuModel, estimate
+from mirage_jax.backend.cpu.cost import CpuModel, estimate, fused_time
 from mirage_jax.backend.cpu.emit import emit_cpu
 from mirage_jax.backend.cpu.isa import host_isa, isa_flags
 from mirage_jax.ir import KernelGraph
@@ -30,6 +30,9 @@ class CpuCostModel(CostModel):
 
     def estimate_s(self, graph: KernelGraph) -> float:
         return estimate(graph, self.model).time_s
+
+    def fused_s(self, nbytes: float, matmul_flops: float, element_ops: float) -> float:
+        return fused_time(nbytes, matmul_flops, element_ops, self.model)
 
     def __repr__(self) -> str:
         return f"CpuCostModel({self.model!r})"

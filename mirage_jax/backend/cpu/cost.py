@@ -236,6 +236,16 @@ def _op_cost(op: OpWork, model: CpuModel) -> KernelCost:
     return KernelCost(op.op.value, t, nbytes, flops)
 
 
+def fused_time(nbytes: float, matmul_flops: float, element_ops: float, model: CpuModel
+               ) -> float:  # fmt: skip
+    """Seconds of one parallel kernel moving ``nbytes`` and doing the given work on all cores
+    at the model's best rates (full register blocks, vectors in cache): a fused region's floor.
+    """
+    memory = nbytes / model.mem_bytes_per_s
+    compute = (matmul_flops / model.matmul_rates[-1] + element_ops / model.vector_elems) / model.cores
+    return model.launch_s + combined(memory, compute, model)
+
+
 def combined(memory: float, compute: float, model: CpuModel) -> float:
     """Seconds of a kernel that needs ``memory`` seconds of reads and ``compute`` seconds of
     core work: the longer, plus the part of the shorter the host does not hide under it."""

@@ -15,7 +15,7 @@ from mirage_jax.backend.base import (
     library_cmake,
 )
 from mirage_jax.backend.cuda.build import build_cuda, runtime_include_dir
-from mirage_jax.backend.cuda.cost import A100, H100, H200, GpuSpec, estimate
+from mirage_jax.backend.cuda.cost import A100, H100, H200, GpuSpec, estimate, fused_time
 from mirage_jax.backend.cuda.emit import emit_cuda
 from mirage_jax.ir import KernelGraph
 from mirage_jax.runtime.cuda import cuda_kernel_call, device_arch, load_cuda_kernel
@@ -29,6 +29,9 @@ class CudaCostModel(CostModel):
 
     def estimate_s(self, graph: KernelGraph) -> float:
         return estimate(graph, self.spec).time_s
+
+    def fused_s(self, nbytes: float, matmul_flops: float, element_ops: float) -> float:
+        return fused_time(nbytes, matmul_flops, element_ops, self.spec)
 
     def __repr__(self) -> str:
         return f"CudaCostModel({self.spec.name})"

@@ -220,6 +220,13 @@ def _barriers_per_iteration(work: BlockWork) -> int:
     return 2 + len(work.loop_ops) + work.loop_ops.count(Op.ACC_RESCALE_SUM) * 2
 
 
+def fused_time(nbytes: float, matmul_flops: float, element_ops: float, spec: GpuSpec) -> float:
+    """Seconds of one kernel moving ``nbytes`` through HBM and doing the given work at the
+    GPU's ceilings (products on tensor cores): a fused region's floor."""
+    compute = matmul_flops / spec.tensor_flops + element_ops / spec.f32_flops
+    return spec.launch_s + max(nbytes / spec.hbm_bytes_per_s, compute)
+
+
 def _op_cost(op: OpWork, spec: GpuSpec) -> KernelCost:
     ins, outs = op.ins, op.outs
     nbytes = op.bytes

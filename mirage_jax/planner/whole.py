@@ -1,0 +1,99 @@
+"""The plan judged on the whole program: regions that win alone can lose together.
+
+Each region is timed alone against XLA's fusion of that region alone. In the program, XLA
+fuses across the region's edges and every custom call pays its dispatch, so a plan of many
+small regions, each faster alone, can run slower than ``jax.jit`` of the whole (a two-layer
+Llama decode step: fifteen custom calls, each 1.2-3.5x alone, 0.95x together). ``keep_winning``
+times the program with the plan's custom calls against the program with none; while the plan
+is not faster it tries the half of the custom calls that saved most alone (then a quarter,
+...) and keeps the fastest set measured, or none. The choice is cached per program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mirage_jax.planner.decisions import Decision, load, store
+
+log = logging.getLogger("mirage_jax")
+
+# (seconds with the custom calls of these regions, seconds of jax.jit) in this process
+Measure = Callable[[frozenset[int]], tuple[float, float]]
+
+# a whole program under this ratio to jax.jit is measured again and judged by the worse reading
+_CLOSE = 1.05
+
+
+def keep_winning(plans: Sequence[Any], measure: Measure, key: str | None,
+                 alone: bool = False) -> str:  # fmt: skip
+    """Drop (``impl = None``, with the reason) the custom calls of ``plans`` that do not pay
+    for themselves in the whole program; ``key``: the program's cache key (None: not cached);
+    ``alone``: the program is its one region (no cut, nothing else for XLA to fuse it with),
+    so the region's own comparison was the program's. Returns what was measured, for explain
+    ("" when nothing was)."""
+    custom = [p for p in plans if p.impl is not None]
+    if not custom or (alone and len(plans) == 1):
+        return ""
+    cached = load(key) if key is not None else None
+    if cached is not None and "keep" in cached.summary:
+        keep, note = set(cached.summary["keep"]), cached.reason
+    else:
+        keep, note = _choose(custom, measure)
+        if key is not None:
+            store(key, Decision(None, note, summary={"keep": sorted(keep)}))
+    for p in custom:
+        if p.index not in keep:
+            p.impl = None
+            p.reason = f"dropped from the program: {note}"
+    if len(keep) < len(custom):
+        log.info("mirage_jax: %s", note)
+    return note
+
+
+def program_key(region_keys: Sequence[str], program_text: str) -> str:
+    """The cache key of the whole-program choice: every region's decision and the program."""
+    blob = json.dumps({"regions": list(region_keys), "program": program_text})
+    return "program-" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _choose(custom: list[Any], measure: Measure) -> tuple[set[int], str]:
+    by_saving = sorted(custom, key=_saving, reverse=True)
+    tried: list[tuple[float, int]] = []  # (ratio to jax.jit, how many of by_saving kept)
+    count = len(by_saving)
+    while count > 0:
+        ratio = _ratio(measure, frozenset(p.index for p in by_saving[:count]))
+        tried.append((ratio, count))
+        if ratio >= 1.0:
+            break
+        count //= 2
+    best_ratio, best_count = max(tried + [(1.0, 0)])
+    keep = {p.index for p in by_saving[:best_count]}
+    all_ratio = tried[0][0]
+    if best_count == len(by_saving):
+        return keep, f"the program with all its custom calls ran {all_ratio:.2f}x of jax.jit"
+    readings = ", ".join(f"{n} of {len(by_saving)}: {r:.2f}x" for r, n in tried)
+    kept = (f"kept the {best_count} that saved most alone ({best_ratio:.2f}x)" if best_count
+            else "kept none")  # fmt: skip
+    return keep, (f"with all {len(by_saving)} custom calls the program ran {all_ratio:.2f}x of "
+                  f"jax.jit (XLA fuses across the regions' edges; each call costs its "
+                  f"dispatch); measured {readings}; {kept}")  # fmt: skip
+
+
+def _saving(plan: Any) -> float:
+    """Seconds the region saved alone (the region's time with XLA less with the kernel)."""
+    if plan.xla_s is None or plan.mirage_s is None:
+        return 0.0
+    return plan.xla_s - plan.mirage_s
+
+
+def _ratio(measure: Measure, keep: frozenset[int]) -> float:
+    mirage_s, xla_s = measure(keep)
+    ratio = xla_s / mirage_s
+    if 1.0 <= ratio < _CLOSE:
+        mirage_s, xla_s = measure(keep)
+        ratio = min(ratio, xla_s / mirage_s)
+    return ratio
