@@ -373,6 +373,26 @@ def test_float_check_takes_a_rewrite_as_accurate_as_an_inaccurate_target(dtype: 
     assert float_check(target, target).ok
 
 
+def test_float_check_rejects_a_candidate_that_drops_a_rounding_the_program_asks_for():
+    """x @ w rounded to bfloat16 and back (``astype`` or ``reduce_precision``): to the field
+    and to the float64 reference the casts are the identity, so a candidate without them
+    passed both and the search picked it (fewer ops), off from XLA by bf16's rounding."""
+    T = lambda *s: TensorType(s, F32)
+
+    def graph(rounded: bool) -> KernelGraph:
+        kb = KernelBuilder()
+        y = kb.matmul(kb.input(T(16, 128)), kb.input(T(128, 64)))
+        if rounded:
+            y = kb.apply(Op.CAST, kb.apply(Op.CAST, y, dtype=DType.BF16), dtype=F32)
+        kb.output(kb.apply(Op.TANH, y))
+        return kb.build()
+
+    target, unrounded = graph(True), graph(False)
+    assert ff_check(target, unrounded, FFSpec()).ok
+    assert float_check(target, target).ok
+    assert not float_check(target, unrounded).ok
+
+
 def test_float_check_rejects_a_rewrite_that_cancels_where_the_target_does_not():
     """x0 - x1 computed as ((x2 - x1) - (x1 + (x2 - x1))) + ((x1 + x0 + x2 - x1) - x2) + x1:
     equal over the reals and in the field, and on normal inputs to float32 rounding, but with

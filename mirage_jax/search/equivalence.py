@@ -379,10 +379,26 @@ def _float_inputs(graph: KernelGraph, seed: int, spread: bool) -> list[np.ndarra
     return sample_inputs(graph.input_types, seed, FLOAT_INPUT_STD)
 
 
+def roundings(graph: Graph) -> int:
+    """Casts to a narrower float type in ``graph`` and in its block and thread graphs."""
+    count = 0
+    for node in graph.nodes:
+        if node.op is Op.CAST:
+            out, x = graph.types[node.outs[0]], graph.types[node.ins[0]]
+            count += int(out.dtype.itemsize < x.dtype.itemsize)
+        count += sum(roundings(v) for v in node.attr_dict.values() if isinstance(v, Graph))
+    return count
+
+
 def float_check(target: KernelGraph, candidate: KernelGraph, seed: int = 0) -> FloatVerdict:
     """The candidate in its own dtypes against the float64 target, then as accurate as the
-    target on inputs of spread magnitudes (module docstring)."""
+    target on inputs of spread magnitudes (module docstring). A candidate with fewer roundings
+    to a narrower type than the target fails: to the field and to the float64 reference a cast
+    is the identity, so dropping a rounding the program asks for (``x.astype(bf16)`` and back,
+    ``reduce_precision``) would pass both while differing from XLA by the rounding."""
     start = time.perf_counter()
+    if roundings(candidate) < roundings(target):
+        return FloatVerdict(False, np.inf, 0.0, 1.0, time.perf_counter() - start)
     ref = float_reference(target, seed)
     got = evaluate(candidate, _float_inputs(candidate, seed, spread=False))
     worst_ok, worst = True, (0.0, 1.0, 1.0)
