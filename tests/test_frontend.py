@@ -204,6 +204,8 @@ ELEMENTWISE = {
     "stop_gradient": jax.lax.stop_gradient, "f16_cast": lambda x: x.astype(jnp.float16) * 2,
     "sin": jnp.sin, "cos": jnp.cos, "sign": jnp.sign, "exp2": jnp.exp2, "log2": jnp.log2,
     "rope": lambda x: x * jnp.cos(3.0 * x) + jnp.roll(x, 8, axis=-1) * jnp.sin(3.0 * x),
+    "reduce_precision_bf16": lambda x: jax.lax.reduce_precision(x * 3.0, 8, 7),
+    "reduce_precision_own": lambda x: jax.lax.reduce_precision(x * 3.0, 8, 23),
 }  # fmt: skip
 
 
@@ -215,6 +217,14 @@ def test_elementwise_rules(name: str) -> None:
     fn = ELEMENTWISE[name]
     traced = check(lambda x: fn(x) + x, x, fresh=(fresh,))  # "+ x": identities need company
     assert len(traced.regions) == 1 and traced.cuts == ()
+
+
+def test_reduce_precision_to_a_format_that_is_no_round_trip_is_cut_with_the_reason() -> None:
+    # float16's format: XLA flushes float16 denormals there, a cast would keep them
+    traced = trace(lambda x: jax.lax.reduce_precision(jnp.exp(x), 5, 10) * 2.0, _randn(8, 16))
+    (cut,) = traced.cuts
+    assert cut.primitive == "reduce_precision"
+    assert "f32 to 5 exponent and 10 mantissa bits is not a round trip" in cut.reason
 
 
 def test_the_comparison_tells_tanh_gelu_from_erf_gelu() -> None:
