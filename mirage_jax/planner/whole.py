@@ -4,9 +4,10 @@ Each region is timed alone against XLA's fusion of that region alone. In the pro
 fuses across the region's edges and every custom call pays its dispatch, so a plan of many
 small regions, each faster alone, can run slower than ``jax.jit`` of the whole (a two-layer
 Llama decode step: fifteen custom calls, each 1.2-3.5x alone, 0.95x together). ``keep_winning``
-times the program with the plan's custom calls against the program with none; while the plan
-is not faster it tries the half of the custom calls that saved most alone (then a quarter,
-...) and keeps the fastest set measured, or none. The choice is cached per program.
+times the program with the plan's custom calls against the program with none; when the plan is
+not faster, it times the program with each kernel alone (the identical regions of a model's
+layers share one) and keeps those that win there, together if they win together, else the
+best one alone, or none. The choice is cached per program.
 """
 
 from __future__ import annotations
@@ -61,33 +62,30 @@ def program_key(region_keys: Sequence[str], program_text: str) -> str:
 
 
 def _choose(custom: list[Any], measure: Measure) -> tuple[set[int], str]:
-    by_saving = sorted(custom, key=_saving, reverse=True)
-    tried: list[tuple[float, int]] = []  # (ratio to jax.jit, how many of by_saving kept)
-    count = len(by_saving)
-    while count > 0:
-        ratio = _ratio(measure, frozenset(p.index for p in by_saving[:count]))
-        tried.append((ratio, count))
-        if ratio >= 1.0:
-            break
-        count //= 2
-    best_ratio, best_count = max(tried + [(1.0, 0)])
-    keep = {p.index for p in by_saving[:best_count]}
-    all_ratio = tried[0][0]
-    if best_count == len(by_saving):
-        return keep, f"the program with all its custom calls ran {all_ratio:.2f}x of jax.jit"
-    readings = ", ".join(f"{n} of {len(by_saving)}: {r:.2f}x" for r, n in tried)
-    kept = (f"kept the {best_count} that saved most alone ({best_ratio:.2f}x)" if best_count
+    everything = frozenset(p.index for p in custom)
+    all_ratio = _ratio(measure, everything)
+    if all_ratio >= 1.0:
+        return set(everything), (f"the program with all its custom calls ran {all_ratio:.2f}x "
+                                 "of jax.jit")
+    # each kernel (identical regions share one) alone in the program: its worth in context
+    groups: dict[str, list[int]] = {}
+    for p in custom:
+        groups.setdefault(p.key or str(p.index), []).append(p.index)
+    alone = sorted(((_ratio(measure, frozenset(g)), g) for g in groups.values()), reverse=True)
+    winners = [g for ratio, g in alone if ratio >= 1.0]
+    keep, ratio = set(), 1.0
+    if len(winners) > 1:
+        together = frozenset(i for g in winners for i in g)
+        ratio = _ratio(measure, together)
+        keep = set(together) if ratio >= 1.0 else set()
+    if not keep and winners:
+        keep, ratio = set(winners[0]), alone[0][0]
+    readings = ", ".join(f"regions {','.join(map(str, g))} {r:.2f}x" for r, g in alone)
+    kept = (f"kept regions {', '.join(map(str, sorted(keep)))} ({ratio:.2f}x)" if keep
             else "kept none")  # fmt: skip
-    return keep, (f"with all {len(by_saving)} custom calls the program ran {all_ratio:.2f}x of "
+    return keep, (f"with all {len(custom)} custom calls the program ran {all_ratio:.2f}x of "
                   f"jax.jit (XLA fuses across the regions' edges; each call costs its "
-                  f"dispatch); measured {readings}; {kept}")  # fmt: skip
-
-
-def _saving(plan: Any) -> float:
-    """Seconds the region saved alone (the region's time with XLA less with the kernel)."""
-    if plan.xla_s is None or plan.mirage_s is None:
-        return 0.0
-    return plan.xla_s - plan.mirage_s
+                  f"dispatch); each kernel alone in the program: {readings}; {kept}")  # fmt: skip
 
 
 def _ratio(measure: Measure, keep: frozenset[int]) -> float:

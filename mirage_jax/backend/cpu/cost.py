@@ -242,7 +242,8 @@ def fused_time(nbytes: float, matmul_flops: float, element_ops: float, model: Cp
     at the model's best rates (full register blocks, vectors in cache): a fused region's floor.
     """
     memory = nbytes / model.mem_bytes_per_s
-    compute = (matmul_flops / model.matmul_rates[-1] + element_ops / model.vector_elems) / model.cores
+    per_core = matmul_flops / model.matmul_rates[-1] + element_ops / model.vector_elems
+    compute = per_core / model.cores
     return model.launch_s + combined(memory, compute, model)
 
 
