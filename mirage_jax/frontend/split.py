@@ -69,8 +69,8 @@ def _fits(region: Region, policy: SplitPolicy) -> bool:
 
 
 def split_regions(program: TracedProgram, policy: SplitPolicy) -> TracedProgram:
-    """``program`` with every region of more than ``policy.max_ops`` compute ops replaced by
-    its pieces (regions numbered again in equation order); unchanged if none is that large."""
+    """``program`` with every region beyond ``policy``'s bounds replaced by its pieces
+    (regions numbered again in equation order); unchanged if none is that large."""
     if all(_fits(r, policy) for r in program.regions):
         return program
     asm = Assembler(program.jaxpr.jaxpr, program.sources)
@@ -104,9 +104,7 @@ def _pieces_from(asm: Assembler, start: int, end: int, policy: SplitPolicy
         if asm.apply(builder, asm.eqns[i]) is not None:
             return
         work = builder.work()
-        if work.ops > policy.max_ops:  # as do ops
-            return
-        if work.inputs > policy.max_inputs:  # inputs only grow with the piece
+        if not policy.fits(work.ops, work.inputs):  # both only grow with the piece
             return
         defined.extend(v for v in asm.eqns[i].outvars if not isinstance(v, DropVar))
         written = sum(tensor_type(v.aval).nbytes for v in defined if asm.escapes(v, i + 1))
@@ -129,6 +127,8 @@ _UNBOUNDED = 1 << 30
 
 def _least_time(asm: Assembler, span: tuple[int, int], policy: SplitPolicy
                 ) -> tuple[list[int], float] | None:  # fmt: skip
+    """The dynamic program: the cheapest partition of ``span[0]..stop`` for every reachable
+    ``stop``, each extended by every admissible piece that starts there."""
     start, end = span
     best: dict[int, tuple[float, int, int]] = {start: (0.0, 0, start)}  # stop -> (s, pieces, from)
     for i in range(start, end):
