@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -177,7 +179,8 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend,
         log.warning("region %d: %s", region.index, plan.reason)
     except Exception as err:  # our bug (or a library's) must cost one region, not the program
         plan.impl = None
-        error = f"{type(err).__name__}: {err}"
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        error = f"{type(err).__name__}: {err}, at {Path(where.filename).name}:{where.lineno}"
         plan.reason = f"fell back to XLA: internal error ({error}); {_BUG_REMEDY}"
         log.warning("region %d: %s", region.index, plan.reason,
                     exc_info=log.isEnabledFor(logging.DEBUG))
