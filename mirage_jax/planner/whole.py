@@ -5,9 +5,9 @@ fuses across the region's edges and every custom call pays its dispatch, so a pl
 small regions, each faster alone, can run slower than ``jax.jit`` of the whole (a two-layer
 Llama decode step: fifteen custom calls, each 1.2-3.5x alone, 0.95x together). ``keep_winning``
 times the program with the plan's custom calls against the program with none; when the plan is
-not faster, it times the program with each kernel alone (the identical regions of a model's
-layers share one) and keeps those that win there, together if they win together, else the
-best one alone, or none. The choice is cached per program.
+not faster by the planner's margin, it times the program with each kernel alone (the identical regions of a model's
+layers share one) and keeps those that win there by that margin, together if they win together,
+else the best one alone, or none. The choice is cached per program.
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mirage_jax.planner.decisions import Decision, load, store
+from mirage_jax.planner.region import CLOSE_CALL, WIN_MARGIN
 
 log = logging.getLogger("mirage_jax")
 
 # (seconds with the custom calls of these regions, seconds of jax.jit) in this process
 Measure = Callable[[frozenset[int]], tuple[float, float]]
-
-# a whole program under this ratio to jax.jit is measured again and judged by the worse reading
-_CLOSE = 1.05
 
 
 def keep_winning(plans: Sequence[Any], measure: Measure, key: str | None,
@@ -64,7 +62,7 @@ def program_key(region_keys: Sequence[str], program_text: str) -> str:
 def _choose(custom: list[Any], measure: Measure) -> tuple[set[int], str]:
     everything = frozenset(p.index for p in custom)
     all_ratio = _ratio(measure, everything)
-    if all_ratio >= 1.0:
+    if all_ratio >= WIN_MARGIN:
         return set(everything), (f"the program with all its custom calls ran {all_ratio:.2f}x "
                                  "of jax.jit")
     # each kernel (identical regions share one) alone in the program: its worth in context
@@ -72,12 +70,12 @@ def _choose(custom: list[Any], measure: Measure) -> tuple[set[int], str]:
     for p in custom:
         groups.setdefault(p.key or str(p.index), []).append(p.index)
     alone = sorted(((_ratio(measure, frozenset(g)), g) for g in groups.values()), reverse=True)
-    winners = [g for ratio, g in alone if ratio >= 1.0]
+    winners = [g for ratio, g in alone if ratio >= WIN_MARGIN]
     keep, ratio = set(), 1.0
     if len(winners) > 1:
         together = frozenset(i for g in winners for i in g)
         ratio = _ratio(measure, together)
-        keep = set(together) if ratio >= 1.0 else set()
+        keep = set(together) if ratio >= WIN_MARGIN else set()
     if not keep and winners:
         keep, ratio = set(winners[0]), alone[0][0]
     readings = ", ".join(f"regions {','.join(map(str, g))} {r:.2f}x" for r, g in alone)
@@ -89,9 +87,11 @@ def _choose(custom: list[Any], measure: Measure) -> tuple[set[int], str]:
 
 
 def _ratio(measure: Measure, keep: frozenset[int]) -> float:
+    """The program's speedup over jax.jit with ``keep``'s custom calls; a close win is
+    measured again and judged by the worse reading, as a region's is."""
     mirage_s, xla_s = measure(keep)
     ratio = xla_s / mirage_s
-    if 1.0 <= ratio < _CLOSE:
+    if WIN_MARGIN <= ratio < CLOSE_CALL:
         mirage_s, xla_s = measure(keep)
         ratio = min(ratio, xla_s / mirage_s)
     return ratio
