@@ -231,13 +231,7 @@ def _build_plan(
         program = split_for_search(program, options.config, backend)
     with jax.ensure_compile_time_eval():
         regions = plan_regions(program, options, backend)
-        whole = ""
-        if options.require_speedup:
-            key = program_key([p.key for p in regions], str(program.jaxpr)) if options.cache \
-                else None  # fmt: skip
-            whole = keep_winning(regions, _program_timer(program, regions, fn, args,
-                                                         static_argnums), key,
-                                 alone=not program.cuts)  # fmt: skip
+        whole = _judge_whole(program, regions, fn, args, static_argnums, options)
     transformable = {p.index: _transformable(program, p.index, p.impl, options)
                      for p in regions if p.impl is not None}  # fmt: skip
     impls = {index: call for index, (call, _) in transformable.items()}
@@ -253,6 +247,18 @@ def _build_plan(
         return program.run(*dynamic, region_impls=impls)
 
     return Plan(program, backend, regions, run, jax.jit(run), tangent_maps, whole)
+
+
+def _judge_whole(program: TracedProgram, regions: Sequence[RegionPlan], fn: Callable[..., Any],
+                 args: Sequence[Any], static_argnums: tuple[int, ...], options: OptimizeOptions
+                 ) -> str:  # fmt: skip
+    """Drop the custom calls that do not pay in the whole program (``planner.whole``), unless
+    the user keeps them regardless of speed; what was measured, for explain."""
+    if not options.require_speedup:
+        return ""
+    key = program_key([p.key for p in regions], str(program.jaxpr)) if options.cache else None
+    timer = _program_timer(program, regions, fn, args, static_argnums)
+    return keep_winning(regions, timer, key, alone=not program.cuts)
 
 
 def _program_timer(program: TracedProgram, regions: Sequence[RegionPlan],
