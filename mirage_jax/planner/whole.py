@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mirage_jax.planner.decisions import Decision, load, store
-from mirage_jax.planner.region import CLOSE_CALL, WIN_MARGIN
+from mirage_jax.planner.region import WIN_MARGIN, confirmed
 
 log = logging.getLogger("mirage_jax")
 
@@ -87,11 +87,7 @@ def _choose(custom: list[Any], measure: Measure) -> tuple[set[int], str]:
 
 
 def _ratio(measure: Measure, keep: frozenset[int]) -> float:
-    """The program's speedup over jax.jit with ``keep``'s custom calls; a close win is
-    measured again and judged by the worse reading, as a region's is."""
-    mirage_s, xla_s = measure(keep)
-    ratio = xla_s / mirage_s
-    if WIN_MARGIN <= ratio < CLOSE_CALL:
-        mirage_s, xla_s = measure(keep)
-        ratio = min(ratio, xla_s / mirage_s)
-    return ratio
+    """The program's speedup over jax.jit with ``keep``'s custom calls, a close win confirmed
+    as a region's is."""
+    mirage_s, xla_s = confirmed(lambda: measure(keep))
+    return xla_s / mirage_s
