@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import JaxprEqn
 
@@ -277,9 +278,10 @@ def _convert(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
     return [b.view(b.cast(x.vid, tensor_type(eqn.outvars[0].aval).dtype), x.shape)]
 
 
-# (exponent bits, mantissa bits) of each float type: reduce_precision to a value's own format
-# is the identity
-_FORMATS = {DType.F64: (11, 52), DType.F32: (8, 23), DType.BF16: (8, 7), DType.F16: (5, 10)}
+def _format(dtype: DType) -> tuple[int, int]:
+    """(exponent bits, mantissa bits) of a float type: reduce_precision's parameters."""
+    info = jnp.finfo(dtype.numpy)
+    return int(info.nexp), int(info.nmant)
 
 
 def _reduce_precision(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
@@ -290,9 +292,9 @@ def _reduce_precision(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
     x = b.tensor(eqn.invars[0])
     fmt = (int(eqn.params["exponent_bits"]), int(eqn.params["mantissa_bits"]))
     dtype = b.type(x.vid).dtype
-    if fmt == _FORMATS.get(dtype):
+    if fmt == _format(dtype):  # to its own format: the identity
         return [x]
-    if dtype is DType.F32 and fmt == _FORMATS[DType.BF16]:
+    if dtype is DType.F32 and fmt == _format(DType.BF16):
         return [b.view(b.cast(b.cast(x.vid, DType.BF16), DType.F32), x.shape)]
     raise Unsupported(f"reduce_precision of {dtype.value} to {fmt[0]} exponent and {fmt[1]} "
                       "mantissa bits is not a round trip through a μGraph type")
