@@ -671,3 +671,30 @@ def test_extent_products_past_any_tensor_do_not_abort_the_saturation():
     assert SubexprOracle([product(2**21)], budget=budget).stats.stop_reason == "saturated"
     small = SubexprOracle([product(2**12)], budget=budget)
     assert small.contains(ab.sum_(2**24, ab.mul(ab.var(0), ab.var(1))))
+
+
+def test_an_oracle_made_on_another_thread_leaves_nothing_for_this_one_to_drop():
+    """egglog's native e-graph may only be dropped on the thread that made it, and egglog keeps
+    it in a reference cycle of its own: searches run on region threads, so the cyclic GC of the
+    user's thread freed it later, and Python printed "EGraph is unsendable, but is being
+    dropped on another thread" (seen in the middle of a model benchmark's output)."""
+    import gc
+    import sys
+    import threading
+
+    m, h, n = 8, 64, 32
+    built: list[SubexprOracle] = []
+    thread = threading.Thread(target=lambda: built.append(
+        SubexprOracle(G.rmsnorm_linear_plain(m, h, n))))  # fmt: skip
+    unraisable: list[str] = []
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: unraisable.append(repr(u.exc_value))
+    gc.disable()  # so that the cycle is collected here, not by chance on the search's thread
+    try:
+        thread.start()
+        thread.join()
+        assert built and built[0].stats.saturated
+        gc.collect()
+    finally:
+        gc.enable()
+        sys.unraisablehook = hook
+    assert unraisable == []

@@ -514,6 +514,34 @@ def _saturate(
     stats = stats if stats is not None else OracleStats()
     start = time.perf_counter()
     egraph = EGraph()
+    try:
+        return _fill_and_run(egraph, targets, budget, stats, axioms, schedule, keep_egraph, start)
+    finally:
+        if not keep_egraph:
+            _release(egraph)
+
+
+def _release(egraph: EGraph) -> None:
+    """Drop egglog's native e-graph now, on this thread. It may only be dropped on the thread
+    that made it (elsewhere it is leaked and a RuntimeError is printed on the user's stderr),
+    and it sits in a reference cycle of egglog's own (callbacks it holds refer back to its
+    state), so left to the cyclic GC it is freed on whichever thread collects next: another
+    region's search thread, or the user's."""
+    state = getattr(egraph, "_state", None)
+    if state is not None and getattr(state, "egraph", None) is not None:
+        state.egraph = None
+
+
+def _fill_and_run(
+    egraph: EGraph,
+    targets: Sequence[Term],
+    budget: SaturationBudget,
+    stats: OracleStats,
+    axioms: Sequence[Axiom],
+    schedule: Sequence[tuple[str, int | None]],
+    keep_egraph: bool,
+    start: float,
+) -> EGraphIndex:
     # only the target's own extents split: the products of extents that pulling factors in
     # and out of sums creates (sum(a, x) * sum(b, y) = sum(a*b, x*y)) have many more divisors
     for n, d in sorted(split_table(extents(targets))):
