@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -48,6 +49,16 @@ struct PoolCtx {
   int num_threads;
 };
 
+constexpr std::chrono::microseconds kSpinBeforeSleep{50};
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 struct ForState {
   void (*fn)(void*, int64_t);
   void* arg;
@@ -74,11 +85,19 @@ struct ForState {
     }
   }
 
+  // Waits for the chunks other threads claimed: they are running and end within about a
+  // chunk's time of the caller's last one. Sleeping here costs a wake-up, which on virtual
+  // machines takes 10-30 us (measured on 2-vCPU hosts: a kernel whose helper finished 16 us
+  // after the caller returned 28 us later); spinning up to about that long before sleeping
+  // loses at most twice the better choice.
   void WaitAllDone() {
-    // Most chunks finish within microseconds of each other: spin briefly before sleeping.
-    for (int spin = 0; spin < 4096; ++spin) {
-      if (done.load(std::memory_order_acquire) == chunks) return;
-    }
+    const auto until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+    do {
+      for (int k = 0; k < 64; ++k) {
+        if (done.load(std::memory_order_acquire) == chunks) return;
+        CpuRelax();
+      }
+    } while (std::chrono::steady_clock::now() < until);
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [this] { return done.load(std::memory_order_acquire) == chunks; });
   }
