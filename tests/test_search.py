@@ -696,3 +696,33 @@ def test_importing_the_package_loads_neither_egglog_nor_a_compiler():
             "print('egglog' in sys.modules, 'mirage_jax._C' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_verification_does_not_start_candidates_that_would_overrun_the_budget(monkeypatch):
+    """Verification at full shapes takes seconds per candidate (qknorm_attn at bs=8: a chunk of
+    two ~17 s), and its deadline was checked only before each chunk: a chunk started just
+    before it ran a search 18% past its budget. The next chunk must now fit before it."""
+    from mirage_jax.search import runner
+
+    captured = []
+    monkeypatch.setattr(runner.Exploration, "_verify",
+                        lambda self, ranked: captured.extend(ranked) or [])  # fmt: skip
+    cfg = fast_config(max_verify=6, time_budget_s=100)
+    cost = CpuBackend().cost_model()
+    found = runner.explore(target_of("rmsnorm_linear"), cfg, cost_model=cost,
+                           executor=InlineExecutor())  # fmt: skip
+    monkeypatch.undo()
+    assert len(captured) >= 3
+    real = runner.verify_worker
+
+    def slow(*args):
+        time.sleep(0.6)
+        return real(*args)
+
+    monkeypatch.setattr(runner, "verify_worker", slow)
+    found.start = time.time() - cfg.time_budget_s * runner.VERIFY_SHARE + 1.0  # 1 s left
+    begun = time.time()
+    verified = found._verify(captured)
+    assert time.time() - begun < 1.0 + 0.3, "a chunk was started that could not end in time"
+    assert len(verified) == 1
+    assert any("would have taken about" in n for n in found.report.notes), found.report.notes

@@ -510,11 +510,15 @@ class Exploration:
         # search offers more classes than a truncated one, and the cost model orders classes
         # least reliably; ``diversify`` ranked the best of each class first
         classes = len({ranking.structure(c.graph) for c in ranked})
+        chunk_s = 0.0  # the last chunk's wall time: the next one takes about as long
         try:
             while pos < len(ranked) and (len(verified) < cfg.max_verify or pos < classes):
-                if verified and time.time() > deadline:
-                    self.report.notes.append("verification stopped by the time budget")
+                if verified and time.time() + chunk_s > deadline:
+                    self.report.notes.append(
+                        "verification stopped by the time budget (the next candidates would "
+                        f"have taken about {chunk_s:.0f}s more)")  # fmt: skip
                     break
+                started = time.time()
                 want = min(workers * per_worker,
                            max(cfg.max_verify - len(verified), classes - pos))  # fmt: skip
                 chunk: list[Candidate] = []
@@ -531,6 +535,7 @@ class Exploration:
                 futs = [self._submit(verify_worker, *args) for args in batches]
                 pairs = [(c, v) for grp, fut, args in zip(groups, futs, batches)
                          for c, v in zip(grp, self._collect(fut, verify_worker, args))]  # fmt: skip
+                chunk_s = time.time() - started
                 rank = {id(c): k for k, c in enumerate(chunk)}
                 pairs.sort(key=lambda cv: rank[id(cv[0])])
                 for c, (ff, fl) in pairs:
