@@ -70,10 +70,10 @@ def compare(
     shrugs off the spells of noise that shift whole medians on a shared 2-core host (an A/A
     comparison of one program against itself read up to 1.13 with pooled medians).
 
-    Blocks, not single calls: the first calls of one executable right after another's pay a
-    switch cost (measured 40-110 us on the first and less on the second, on a 2-core host),
-    which single-call alternation charges to every sample of a sub-millisecond program. A
-    block of 3 to 16 calls keeps that cost out of the block's median.
+    Blocks, not single calls, each after untimed calls: an executable's calls right after
+    another's are slower, and not only the first (see ``SWITCH_S``). Each block is timed
+    once its program has run ``SWITCH_S`` since the switch, so both sides are measured in
+    the steady state a program reaches when it runs repeatedly.
     """
     args = device_args(args)
     for _ in range(2):
@@ -97,10 +97,22 @@ def compare(
 
 MIN_PAIRS = 12
 MAX_PAIRS = 2000
+# After another executable ran, a program's calls stay slow for milliseconds, not one call:
+# measured on a 2-vCPU VM with pieces of a Llama layer (150-300 us a call), an XLA region's
+# calls after a block of a custom call's ran 1.5-1.9x their steady time for ~20 calls (6-10
+# ms), the custom call's after XLA's up to 1.3x for as long. Timed inside that window, the
+# side that recovers slower reads slower: a region read 1.7x faster than XLA whose steady
+# ratio was 1.0x (and lost in the program). So each block runs this long untimed first.
+SWITCH_S = 0.03
 
 
 def _block(fn: Callable[..., Any], args: Sequence[Any], calls: int) -> float:
-    """Median seconds of ``calls`` consecutive calls of ``fn``."""
+    """Median seconds of ``calls`` consecutive calls of ``fn``, after ``SWITCH_S`` of calls
+    (at least one) that are not timed."""
+    settle = time.perf_counter() + SWITCH_S
+    jax.block_until_ready(fn(*args))
+    while time.perf_counter() < settle:
+        jax.block_until_ready(fn(*args))
     times = []
     for _ in range(calls):
         start = time.perf_counter()
