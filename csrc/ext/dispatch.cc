@@ -87,9 +87,9 @@ struct ForState {
 
   // Waits for the chunks other threads claimed: they are running and end within about a
   // chunk's time of the caller's last one. Sleeping here costs a wake-up, which on virtual
-  // machines takes 10-30 us (measured on 2-vCPU hosts: a kernel whose helper finished 16 us
-  // after the caller returned 28 us later); spinning up to about that long before sleeping
-  // loses at most twice the better choice.
+  // machines takes 10-30 us (measured on a 2-vCPU VM: the caller returned 28 us after the
+  // helper's last chunk ended); spinning about that long before sleeping loses at most
+  // twice what the better choice would have.
   void WaitAllDone() {
     const auto until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
     do {
