@@ -726,3 +726,12 @@ def test_verification_does_not_start_candidates_that_would_overrun_the_budget(mo
     assert time.time() - begun < 1.0 + 0.3, "a chunk was started that could not end in time"
     assert len(verified) == 1
     assert any("would have taken about" in n for n in found.report.notes), found.report.notes
+
+
+def test_the_float_check_takes_a_rank_0_input():
+    """Its inputs are drawn once per target and kept read-only; a rank-0 one is drawn as a
+    numpy scalar, which has no flags to set (a Llama layer's position scalar hit it)."""
+    graph = trace(lambda x, s: jax.numpy.tanh(x) * s, np.ones((4, 8), np.float32),
+                  np.float32(2.0)).regions[0].graph  # fmt: skip
+    assert graph.input_types[1].shape == ()
+    assert float_check(graph, graph, seed=3).ok

@@ -386,7 +386,8 @@ def _float_inputs(graph: KernelGraph, seed: int, spread: bool) -> list[np.ndarra
         drawn = (spread_inputs(graph.input_types, seed) if spread else
                  sample_inputs(graph.input_types, seed, FLOAT_INPUT_STD))  # fmt: skip
         for x in drawn:
-            x.flags.writeable = False
+            if isinstance(x, np.ndarray):  # a rank-0 input may be drawn as a numpy scalar
+                x.flags.writeable = False
         _FLOAT_INPUTS[key] = drawn
     return _FLOAT_INPUTS[key]
 
