@@ -127,6 +127,6 @@ def _block_size(candidate: Callable[..., Any], baseline: Callable[..., Any],
     jax.block_until_ready(candidate(*args))
     jax.block_until_ready(baseline(*args))
     per_call = (time.perf_counter() - start) / 2
-    # about 6 ms a block: short enough for many pairs in the budget, at least 3 calls so that
-    # a block's median leaves out its first call's switch cost
+    # about 6 ms a block after its settling calls: short enough for many pairs in the budget,
+    # at least 3 calls for a median
     return max(3, min(16, int(0.006 / max(per_call, 1e-9))))
