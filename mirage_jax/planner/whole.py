@@ -5,9 +5,9 @@ fuses across the region's edges and every custom call pays its dispatch, so a pl
 small regions, each faster alone, can run slower than ``jax.jit`` of the whole (a two-layer
 Llama decode step: fifteen custom calls, each 1.2-3.5x alone, 0.95x together). ``keep_winning``
 times the program with the plan's custom calls against the program with none; when the plan is
-not faster by the planner's margin, it times the program with each kernel alone (the identical regions of a model's
-layers share one) and keeps those that win there by that margin, together if they win together,
-else the best one alone, or none. The choice is cached per program.
+not faster by the planner's margin, it times the program with each kernel alone (the identical
+regions of a model's layers share one) and keeps those that win there by that margin, together
+if they win together, else the best one alone, or none. The choice is cached per program.
 """
 
 from __future__ import annotations

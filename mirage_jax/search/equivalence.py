@@ -363,14 +363,23 @@ def float_reference(target: KernelGraph, seed: int, spread: bool = False,
                     precision: str | None = "float64") -> list[np.ndarray]:  # fmt: skip
     """The target on the float check's inputs (``spread``: on ``spread_inputs``) in float64,
     or in its own dtypes (``precision=None``), as float64 arrays; each computed on demand."""
-    key = (target.fingerprint(), seed, spread, precision)
-    if key not in _REFS:
-        if any(k[:2] != key[:2] for k in _REFS):
-            _REFS.clear()  # one target at a time per process
+    def compute() -> list[np.ndarray]:
         inputs = _float_inputs(target, seed, spread)
-        _REFS[key] = [np.asarray(r, np.float64)
-                      for r in evaluate(target, inputs, precision=precision)]  # fmt: skip
-    return _REFS[key]
+        return [np.asarray(r, np.float64)
+                for r in evaluate(target, inputs, precision=precision)]  # fmt: skip
+
+    return _for_one_target(_REFS, (target.fingerprint(), seed, spread, precision), compute)
+
+
+def _for_one_target(cache: dict[Any, Any], key: tuple[Any, ...],
+                    compute: Callable[[], Any]) -> Any:  # fmt: skip
+    """``cache[key]``, computed on a miss; the cache holds the entries of one target at a time
+    per process (those whose key shares ``key[:2]``): the next target's search empties it."""
+    if key not in cache:
+        if any(k[:2] != key[:2] for k in cache):
+            cache.clear()
+        cache[key] = compute()
+    return cache[key]
 
 
 _FLOAT_INPUTS: dict[Any, list[np.ndarray]] = {}
@@ -379,17 +388,15 @@ _FLOAT_INPUTS: dict[Any, list[np.ndarray]] = {}
 def _float_inputs(graph: KernelGraph, seed: int, spread: bool) -> list[np.ndarray]:
     """The float check's inputs, drawn once per (input types, seed, kind) and shared by every
     candidate of a target (read-only): at full shapes drawing them took ~0.9 s a candidate."""
-    key = (tuple(graph.input_types), seed, spread)
-    if key not in _FLOAT_INPUTS:
-        if any(k[:2] != key[:2] for k in _FLOAT_INPUTS):
-            _FLOAT_INPUTS.clear()  # one target at a time per process
+    def draw() -> list[np.ndarray]:
         drawn = (spread_inputs(graph.input_types, seed) if spread else
                  sample_inputs(graph.input_types, seed, FLOAT_INPUT_STD))  # fmt: skip
         for x in drawn:
             if isinstance(x, np.ndarray):  # a rank-0 input may be drawn as a numpy scalar
                 x.flags.writeable = False
-        _FLOAT_INPUTS[key] = drawn
-    return _FLOAT_INPUTS[key]
+        return drawn
+
+    return _for_one_target(_FLOAT_INPUTS, (tuple(graph.input_types), seed, spread), draw)
 
 
 def roundings(graph: Graph) -> int:
