@@ -44,8 +44,10 @@ def test_probe_measures_this_host_once_and_caches_the_figures(fresh, monkeypatch
     # 1 KiB against 12 KiB runs of each weight row: 1.7-1.9 on the Ice Lake
     assert 0.5 < figures["strip_slowdown"] < 4, figures
     assert 0.3 < figures["short_prefetch_gain"] < 3, figures
-    # (read + compute - product) / min(read, compute): in [0, 1] but for noise
-    assert -1.0 < figures["stream_overlap"] < 2.0, figures
+    # (read + compute - product) / min(read, compute): in [0, 1] but for noise, which a
+    # shared host makes large (a Zen 3 gave -1.04 once); the model clamps it to [0, 1]. A
+    # probe that timed the wrong thing would be off by orders of magnitude.
+    assert -3.0 < figures["stream_overlap"] < 3.0, figures
     (cached,) = (fresh / "calibration").glob("*.json")
     assert json.loads(cached.read_text()) == figures
 

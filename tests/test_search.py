@@ -17,6 +17,7 @@ import concurrent.futures as cf
 import math
 import multiprocessing
 import time
+from collections import Counter
 
 import jax
 import numpy as np
@@ -735,3 +736,36 @@ def test_the_float_check_takes_a_rank_0_input():
                   np.float32(2.0)).regions[0].graph  # fmt: skip
     assert graph.input_types[1].shape == ()
     assert float_check(graph, graph, seed=3).ok
+
+
+def test_a_ranking_cut_by_the_clock_still_offers_every_structure_class(monkeypatch):
+    """On a slow host ranking ran past its deadline and dropped the skeletons after the first
+    few, with them gqa_decode's only one-kernel online softmax: verification, which takes the
+    best of every class, never saw it. Past the deadline a new class is still scored."""
+    from mirage_jax.search import ranking, runner
+
+    instantiate = runner.Exploration._instantiate
+
+    def one_class_last(self, space, kernel, skels):
+        # the rarest class is met last, after the few skeletons ranked in any case
+        counts = Counter(ranking.site_structure(*sk) for sk in skels)
+        last = min(counts, key=counts.get)
+        skels = sorted(skels, key=lambda sk: ranking.site_structure(*sk) == last)
+        assert sum(ranking.site_structure(*sk) != last for sk in skels) > 8
+        return instantiate(self, space, kernel, skels)
+
+    def classes(share: float) -> set[tuple[int, bool]]:
+        captured: list = []
+        monkeypatch.setattr(runner, "RANKING_SHARE", share)
+        monkeypatch.setattr(runner.Exploration, "_instantiate", one_class_last)
+        monkeypatch.setattr(runner.Exploration, "_verify",
+                            lambda self, ranked: captured.extend(ranked) or [])  # fmt: skip
+        found = runner.explore(target_of("gqa_decode"), fast_config(max_tasks=48),
+                               cost_model=CpuBackend().cost_model(), executor=InlineExecutor())
+        late = [n for n in found.report.notes if "ranking stopped" in n]
+        assert bool(late) == (share == 0.0), found.report.notes
+        return {ranking.structure(c.graph) for c in captured}
+
+    in_time = classes(runner.RANKING_SHARE)
+    assert len(in_time) >= 4, in_time
+    assert classes(0.0) == in_time

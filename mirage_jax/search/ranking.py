@@ -23,6 +23,13 @@ def structure(graph: KernelGraph) -> tuple[int, bool]:
     return len(kernels), accumulates
 
 
+def site_structure(site: en.Site, skel: en.Skeleton) -> tuple[int, bool]:
+    """``structure`` of every graph that instantiates ``skel`` at ``site``, known before any
+    tiling is chosen: the prefix's kernels and the graph-defined one."""
+    kernels = sum(op is not Op.RESHAPE for op, _, _ in site.prefix.nodes) + 1
+    return kernels, any(n.op in ACCUMULATORS for n in skel.block.nodes)
+
+
 def diversify(ranked: Sequence[Candidate]) -> list[Candidate]:
     """Candidates round-robin over their structure classes, each class in rank order, the
     classes in the order of their best: the first few verified and timed then differ in
@@ -51,7 +58,7 @@ def round_robin(scored: Sequence[tuple], n: int) -> set[int]:
     """Indices of the ``n`` skeletons to expand at every tiling: the best of each (site,
     loop structure) group first, then the second best of each, ... (variety for ranking)."""
     groups: dict[Any, list[int]] = {}
-    for k, (_, _, site, skel, _) in enumerate(scored):
+    for k, (_, _, site, skel, *_) in enumerate(scored):
         groups.setdefault((site.prefix.nodes, site.operands, skel.fdims), []).append(k)
     chosen: set[int] = set()
     depth = 0

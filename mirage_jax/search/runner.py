@@ -449,27 +449,34 @@ class Exploration:
         # rank skeletons by one representative tiling each, then expand the best ones fully
         scored = []
         deadline = self.start + self.config.time_budget_s * RANKING_SHARE
+        classes: set[tuple[int, bool]] = set()  # structure classes with a skeleton scored
+        late = 0
         for k, (site, skel) in enumerate(skeletons):
-            if k >= 8 and time.time() > deadline:  # the first few are ranked in any case
-                self.report.notes.append(f"ranking stopped by the time budget after {k} of "
-                                         f"{len(skeletons)} skeletons")  # fmt: skip
-                break
+            cls = ranking.site_structure(site, skel)
+            # past the deadline only a skeleton of a class not yet seen is scored: every
+            # class then reaches verification, whatever the host's speed
+            if k >= 8 and cls in classes and time.time() > deadline:
+                late += 1
+                continue
             tilings = en.tilings(skel, space)
             rep = ranking.representative(tilings, space)
             c = self._candidate(site, skel, rep) if rep is not None else None
             if c is not None:
-                scored.append((c.estimate_s, k, site, skel, tilings))
+                classes.add(cls)
+                scored.append((c.estimate_s, k, site, skel, tilings, c))
+        if late:
+            self.report.notes.append(f"ranking stopped by the time budget: {late} of "
+                                     f"{len(skeletons)} skeletons not scored (their structure "
+                                     "classes were)")  # fmt: skip
         scored.sort(key=lambda x: x[:2])
         expand = ranking.round_robin(scored, self.config.max_skeletons_ranked)
-        for k, (_, _, site, skel, tilings) in enumerate(scored):
-            if k not in expand and time.time() > deadline:
+        for k, (_, _, site, skel, tilings, rep_c) in enumerate(scored):
+            # every scored skeleton keeps its representative whatever the clock says: dropping
+            # it could drop the only member of a structure class that verification must see
+            if k not in expand:
+                cands.append(rep_c)
                 continue
-            if k in expand:
-                todo = tilings
-            else:
-                rep = ranking.representative(tilings, space)
-                todo = [rep] if rep is not None else []
-            for tiling in todo:
+            for tiling in tilings:
                 c = self._candidate(site, skel, tiling)
                 if c is not None:
                     cands.append(c)
