@@ -20,6 +20,7 @@ import time
 from collections import Counter
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import programs
 import pytest
@@ -769,3 +770,27 @@ def test_a_ranking_cut_by_the_clock_still_offers_every_structure_class(monkeypat
     in_time = classes(runner.RANKING_SHARE)
     assert len(in_time) >= 4, in_time
     assert classes(0.0) == in_time
+
+
+def test_a_region_whose_output_drops_the_reduced_dim_is_fused_in_one_kernel():
+    """``jnp.sum(..., axis=-1)`` ends a region in a kernel-level reshape ([8, 1] -> [8]), which
+    no graph-defined kernel can end in: no fused form of such a region was ever found. The
+    search now runs without the output reshapes and puts them back on what it finds."""
+    from mirage_jax.search import output_shapes
+
+    def fn(x, y):
+        return jnp.sum(jnp.exp(x) * y, axis=-1)
+
+    target = trace(fn, *inputs([(8, 64), (8, 64)], 2)).regions[0].graph
+    assert target.producer(target.outputs[0].ins[0]).op is Op.RESHAPE
+    peeled = output_shapes.peel(target)
+    assert peeled.output_types[0].shape == (8, 1) and not peeled.nodes_of(Op.RESHAPE)
+    assert output_shapes.restore(peeled, target.output_types).fingerprint() == target.fingerprint()
+    result = superoptimize(target, fast_config(max_tasks=None))
+    fused = [c.graph for c in result.verified if single_kernel(c.graph) is not None]
+    assert fused, str(result.report)
+    assert all(c.graph.output_types == target.output_types for c in result.verified)
+    x, y = inputs([(8, 64), (8, 64)], 9)
+    want = evaluate(target, [x, y], precision="float64")[0]
+    for (got,) in compile_and_run(fused, [x, y]):
+        assert_array_close(got, want, dtype=np.float32, rtol=sum_rtol(64), what="fused")

@@ -40,6 +40,7 @@ a quiet machine.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import hashlib
 import logging
 import time
@@ -52,7 +53,7 @@ from mirage_jax.ir.graph import KernelGraph, map_blocks
 from mirage_jax.ir.ops import Op
 from mirage_jax.ir.text import to_text
 from mirage_jax.search import enumeration as en
-from mirage_jax.search import ranking, skeletons
+from mirage_jax.search import output_shapes, ranking, skeletons
 from mirage_jax.search.config import SearchConfig, SearchSpace
 from mirage_jax.search.equivalence import (
     FFSpec,
@@ -165,7 +166,9 @@ class Exploration:
 
     def __init__(self, target: KernelGraph, config: SearchConfig, executor: cf.Executor,
                  cost_model: CostModel) -> None:  # fmt: skip
-        self.target, self.config, self.executor = target, config, executor
+        # the search runs on the target without its output reshapes (``output_shapes``)
+        self.original, self.target = target, output_shapes.peel(target)
+        self.config, self.executor = config, executor
         self.cost = cost_model
         self.timer: Timer | None = None
         self.baseline: Callable[[], float] | None = None
@@ -174,7 +177,7 @@ class Exploration:
         self.lost = 0  # task losses (each retry that was lost again counts)
         self.start = time.time()
         self.deadline = self.start + config.time_budget_s
-        self.text = to_text(target)
+        self.text = to_text(self.target)
         self.spec = FFSpec(seed=config.seed, trials=config.trials)
 
     def _stage(self, name: str, since: float) -> float:
@@ -229,6 +232,10 @@ class Exploration:
         best, verified = self._choose(self._verified)
         self.report.timings["total"] = self._explored_s + self._stage("timing", t) - t
         self._finish(best, verified)
+        shapes = self.original.output_types
+        best = self.original if best is self.target else output_shapes.restore(best, shapes)
+        verified = [dataclasses.replace(c, graph=output_shapes.restore(c.graph, shapes))
+                    for c in verified]  # fmt: skip
         return SearchResult(best, tuple(verified), self.report)
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
