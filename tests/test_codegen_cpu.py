@@ -148,6 +148,7 @@ UNARY_CASES = [
     (Op.ADD_SCALAR, {"scalar": 0.3}, False), (Op.POW_SCALAR, {"exponent": 3.0}, False),
     (Op.POW_SCALAR, {"exponent": -2.0}, True), (Op.POW_SCALAR, {"exponent": 0.5}, True),
     (Op.POW_SCALAR, {"exponent": -0.5}, True), (Op.POW_SCALAR, {"exponent": 1.7}, True),
+    (Op.FINITE_OR, {"fill": -3.0}, False),
 ]  # fmt: skip
 
 
@@ -188,6 +189,20 @@ def test_unary_special_values() -> None:
             w32 = np.where(np.abs(w) < np.finfo(np.float32).tiny, 0.0, w).astype(np.float32)
             ok = (g == w32) | (np.isnan(g) & np.isnan(w)) | (np.abs(g - w) <= 4e-7 * np.abs(w))
             assert ok.all(), f"{op.value}: x={x[~ok]} got {g[~ok]} want {w[~ok]}"
+
+
+def test_finite_or_replaces_exactly_the_infinite_and_nan_elements() -> None:
+    """Vector lanes and the scalar tail: finite values (huge, tiny, -0) pass unchanged, inf,
+    -inf and NaN become the fill."""
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-45, -2.5, 7.0]
+    x = np.array(specials * 5, np.float32)
+    kb = KernelBuilder()
+    xi = kb.input(T(x.size))
+    kb.output(kb.apply(Op.FINITE_OR, xi, fill=-1.5))
+    (got,) = run_cpu(kb.build(), [x])
+    want = np.where(np.isfinite(x), x, np.float32(-1.5))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
 
 
 def test_sin_and_cos_reduce_the_argument_accurately() -> None:

@@ -79,7 +79,7 @@ UNARY_CASES = [
     (Op.NEG, {}, False),
     (Op.RECIPROCAL, {}, True), (Op.MUL_SCALAR, {"scalar": -1.75}, False),
     (Op.ADD_SCALAR, {"scalar": 0.3}, False), (Op.POW_SCALAR, {"exponent": 3.0}, False),
-    (Op.POW_SCALAR, {"exponent": 1.7}, True),
+    (Op.POW_SCALAR, {"exponent": 1.7}, True), (Op.FINITE_OR, {"fill": -3.0}, False),
 ]  # fmt: skip
 BINARY_OPS = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX]
 REDUCE_OPS = [Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN, Op.REDUCE_RMS]

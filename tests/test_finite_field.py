@@ -299,7 +299,9 @@ def test_uninterpreted_functions_are_fixed_per_op_and_seed(rng):
     t = T(64)
     g = kernel([t], lambda kb, x: (ap(kb, Op.SQRT, x), ap(kb, Op.LOG, x), ap(kb, Op.ERF, x),
                                    ap(kb, Op.ERFC, x), ap(kb, Op.SIN, x), ap(kb, Op.COS, x), ap(kb, Op.SIGN, x),
-                                   ap(kb, Op.POW_SCALAR, x, exponent=1.5)))  # fmt: skip
+                                   ap(kb, Op.POW_SCALAR, x, exponent=1.5),
+                                   ap(kb, Op.FINITE_OR, x, fill=0.0),
+                                   ap(kb, Op.FINITE_OR, x, fill=1.0)))  # fmt: skip
     x = random_inputs([t], F, rng)
     first = ff_evaluate(g, x, F)
     again = ff_evaluate(g, x, F)
@@ -308,7 +310,7 @@ def test_uninterpreted_functions_are_fixed_per_op_and_seed(rng):
         same_p(a, b)
         assert a.b is not None and 0 <= a.b.min() and a.b.max() < F.q
         assert not np.array_equal(a.a, c.a)
-    for i in range(7):  # distinct functions per op
+    for i in range(len(first)):  # distinct functions per op (finite_or: per fill)
         for j in range(i):
             assert not np.array_equal(first[i].a, first[j].a)
 

@@ -206,6 +206,8 @@ ELEMENTWISE = {
     "rope": lambda x: x * jnp.cos(3.0 * x) + jnp.roll(x, 8, axis=-1) * jnp.sin(3.0 * x),
     "reduce_precision_bf16": lambda x: jax.lax.reduce_precision(x * 3.0, 8, 7),
     "reduce_precision_own": lambda x: jax.lax.reduce_precision(x * 3.0, 8, 23),
+    "finite_or": lambda x: jnp.where(jnp.isfinite(jnp.exp(x)), jnp.exp(x), 2.0),
+    "logsumexp": lambda x: jax.nn.logsumexp(x, axis=-1, keepdims=True),
 }  # fmt: skip
 
 
@@ -268,6 +270,52 @@ def test_the_trace_follows_xlas_rewrites_on_special_values(name: str) -> None:
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
     np.testing.assert_array_equal(np.signbit(got[got == 0]), np.signbit(want[got == 0]))
+
+
+def test_logsumexp_is_one_region_with_its_guard_kept_on_special_values() -> None:
+    """logsumexp guards its max with where(isfinite(m), m, 0): one finite_or, not a cut; rows
+    of -inf, +inf and NaN take the guard's other side, as under jit."""
+
+    def fn(x):
+        return jax.nn.logsumexp(x * 2.0, axis=-1)
+
+    rows = np.stack([np.full(16, -np.inf), np.r_[np.inf, np.zeros(15)], np.r_[np.nan, np.ones(15)],
+                     np.linspace(-3, 3, 16)]).astype(np.float32)  # fmt: skip
+    program = check(fn, rows)
+    (region,) = program.regions
+    assert program.cuts == () and _ops(region).count(Op.FINITE_OR) == 1
+    with np.errstate(all="ignore"):
+        got = np.asarray(program.run(rows, region_impls=_interpreted(program)))
+    want = np.asarray(jax.jit(fn)(rows))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_is_finite_that_no_select_folds_stays_with_xla_and_its_region_ends_before_it() -> None:
+    """The predicate is no μGraph value: when it is not folded (a select of another value, an
+    op that reads it, a program output), the region ends before is_finite, which XLA
+    computes, and a select reading it takes it as a mask from outside."""
+
+    def other_value(x):
+        return jnp.where(jnp.isfinite(jnp.exp(x)), x * 2.0, 0.0) * 3.0
+
+    def read_by_an_op(x):
+        ok = jnp.isfinite(jnp.exp(x))
+        return jnp.where(ok, jnp.exp(x), 0.0) + jnp.logical_not(ok)
+
+    def returned(x):
+        m = jnp.max(jnp.exp(x), axis=-1)
+        ok = jnp.isfinite(m)
+        return jnp.where(ok, m, 0.0), ok
+
+    cases = ((other_value, ["is_finite"]), (returned, ["is_finite"]),
+             (read_by_an_op, ["is_finite", "not", "convert_element_type"]))
+    for fn, cuts in cases:
+        program = check(fn, _randn(4, 8))
+        assert [c.primitive for c in program.cuts] == cuts, (fn.__name__, program.cuts)
+        assert "feeds an equation outside its region" in program.cuts[0].reason
+        assert all(Op.FINITE_OR not in _ops(r) for r in program.regions), fn.__name__
+        assert all(Op.WHERE in _ops(r) for r in program.regions if Op.MUL_SCALAR in _ops(r))
 
 
 def test_silu_is_recognised_and_custom_jvp_inlined() -> None:

@@ -81,6 +81,8 @@ UNARY_CASES = [
     (Op.ADD_SCALAR, {"scalar": 0.3}, lambda x: x + 0.3, lambda x: x + 0.3, False),
     (Op.POW_SCALAR, {"exponent": 1.5}, lambda x: x**1.5, lambda x: x**1.5, True),
     (Op.POW_SCALAR, {"exponent": 3.0}, lambda x: x**3, lambda x: x**3, False),
+    (Op.FINITE_OR, {"fill": 0.5}, lambda x: np.where(np.isfinite(x), x, 0.5),
+     lambda x: jnp.where(jnp.isfinite(x), x, 0.5), False),
 ]
 
 

@@ -222,7 +222,7 @@ def kernel_graphs(draw):
             values.append(kb.apply(draw(st.sampled_from(_UNARY)), x))
         elif kind == "scalar":
             op = draw(st.sampled_from(_SCALAR))
-            attr = "exponent" if op is Op.POW_SCALAR else "scalar"
+            attr = op.info.scalar_attr
             values.append(kb.apply(op, x, **{attr: draw(_floats)}))
         elif kind == "binary":
             y = draw(st.sampled_from([v for v in values if v.type.rank == x.type.rank]))

@@ -44,7 +44,7 @@ from mirage_jax.search.equivalence import DEGREE_RULES
 _RUNTIME = Path(__file__).resolve().parents[1] / "csrc" / "runtime"
 # a scalar for each scalar op: pow's is not an integer so the generic functor is exercised
 _SCALAR = {Op.MUL_SCALAR: 0.75, Op.ADD_SCALAR: 0.5, Op.POW_SCALAR: 1.5, Op.WHERE: -1.5,
-           Op.WHERE_NOT: 2.5}  # fmt: skip
+           Op.WHERE_NOT: 2.5, Op.FINITE_OR: -2.0}  # fmt: skip
 
 
 def _one_op(op: Op, shape: tuple[int, ...] = (8, 16)) -> KernelGraph:
@@ -166,7 +166,7 @@ def _numeric(term: ab.Term, env: list[np.ndarray]) -> np.ndarray:
     if p.startswith("pow:"):
         return args[0] ** float(p[4:])
     fns = {"tanh": np.tanh, "log": np.log, "erf": math.erf, "erfc": math.erfc, "sin": np.sin,
-           "cos": np.cos, "sign": np.sign}
+           "cos": np.cos, "sign": np.sign, "finite_or": lambda x: x}  # x finite here
     return np.vectorize(fns[p])(args[0])
 
 

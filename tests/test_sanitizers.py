@@ -51,7 +51,7 @@ CXX = shutil.which("g++")
 SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer")  # fmt: skip
 _SCALARS = {Op.MUL_SCALAR: {"scalar": 1.5}, Op.ADD_SCALAR: {"scalar": -0.25},
-            Op.POW_SCALAR: {"exponent": 1.5}}  # fmt: skip
+            Op.POW_SCALAR: {"exponent": 1.5}, Op.FINITE_OR: {"fill": 0.0}}  # fmt: skip
 
 
 def every_operator(dtype: DType) -> KernelGraph:

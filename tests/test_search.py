@@ -772,6 +772,38 @@ def test_a_ranking_cut_by_the_clock_still_offers_every_structure_class(monkeypat
     assert classes(0.0) == in_time
 
 
+def test_a_logsumexp_head_is_fused_with_its_guard_and_keeps_it_on_infinite_rows():
+    """logits -> the sum of logsumexp (the max guarded as jax.nn.logsumexp guards it): the
+    search fuses the matmul, the max, its finite_or guard and the sum into verified
+    candidates, each compiled one right on fresh inputs and on rows whose max is -inf (where
+    the guard decides the result)."""
+
+    def fn(x, w):
+        logits = x @ w
+        m = jnp.max(logits, axis=-1, keepdims=True)
+        m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+        return jnp.sum(jnp.exp(logits - m), axis=-1)
+
+    target = trace(fn, *inputs([(8, 32), (32, 64)], 0)).regions[0].graph
+    assert Op.FINITE_OR in kernel_compute(target)
+    result = superoptimize(target, fast_config(max_tasks=200))
+    fused = [c.graph for c in result.verified if single_kernel(c.graph) is not None
+             and any(n.op is Op.FINITE_OR for n in single_kernel(c.graph).nodes)]  # fmt: skip
+    assert fused, str(result.report)
+    x, w = inputs([(8, 32), (32, 64)], 5)
+    x[3] = -np.inf  # row 3's logits are -inf: its max is not finite
+    w[:, :] = np.abs(w) + 0.1
+    # the region also takes the literal 0.0 (XLA's replay reads it; the graph does not)
+    args = [{(8, 32): x, (32, 64): w}.get(t.shape, np.float32(0)) for t in target.input_types]
+    with np.errstate(all="ignore"):
+        want = evaluate(target, args, precision="float64")[0]
+    assert want[3] == 0 and np.isfinite(want).all()  # unguarded: exp(-inf - -inf) is NaN
+    for (got,) in compile_and_run(fused, args):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        ok = ~np.isnan(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=1e-4)
+
+
 def test_a_region_whose_output_drops_the_reduced_dim_is_fused_in_one_kernel():
     """``jnp.sum(..., axis=-1)`` ends a region in a kernel-level reshape ([8, 1] -> [8]), which
     no graph-defined kernel can end in: no fused form of such a region was ever found. The

@@ -68,7 +68,7 @@ def atom_key(atom: Any) -> Any:
     return ("literal", id(atom)) if isinstance(atom, Literal) else atom
 
 
-_Node = tuple[Op, tuple[int, ...], tuple[tuple[str, Any], ...]]
+_Node = tuple[Op | str, tuple[int, ...], tuple[tuple[str, Any], ...]]  # str: IS_FINITE only
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,12 @@ class Work:
     input_bytes: int  # every region input once
     matmul_flops: float
     element_ops: float  # elementwise and reduction element operations (``OpInfo.element_flops``)
+
+
+# The one node a region holds that is no μGraph op: a predicate ``is_finite(x)`` kept until a
+# ``select_n`` folds it into ``finite_or`` (no op of a region computes a bool). The partitioner
+# ends a region before it if the predicate would be read outside the region.
+IS_FINITE = "is_finite"
 
 
 class RegionBuilder:
@@ -148,6 +154,18 @@ class RegionBuilder:
         if np.dtype(atom.aval.dtype) != np.bool_ or not isinstance(atom, Var):
             raise Unsupported(f"predicate {atom.aval} is not a bool array")
         return self._input(atom, TensorType(tuple(atom.aval.shape), DType.BOOL))
+
+    def is_finite(self, x: View) -> View:
+        """The predicate ``is_finite(x)``, for a ``select_n`` of this region to fold."""
+        t = TensorType(self.shape(x.vid), DType.BOOL)
+        return View(self._push((IS_FINITE, (x.vid,), ()), t, cache=True), x.shape)
+
+    def predicate_of(self, atom: Any) -> View | None:
+        """``x`` where ``atom`` is a predicate ``is_finite(x)`` this region holds, else None."""
+        view = self.env.get(atom) if isinstance(atom, Var) else None
+        if view is None or self._nodes[view.vid][0] != IS_FINITE:
+            return None
+        return View(self._nodes[view.vid][1][0], view.shape)
 
     def _input(self, atom: Any, t: TensorType) -> View:
         key = atom_key(atom)

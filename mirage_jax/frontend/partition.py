@@ -29,7 +29,7 @@ from mirage_jax.frontend.builder import (
 from mirage_jax.frontend.flatten import FlatJaxpr
 from mirage_jax.frontend.rules import RULES, tensor_atoms, unsupported_reason
 from mirage_jax.interpret.numerics import sample_inputs
-from mirage_jax.ir import KernelGraph
+from mirage_jax.ir import DType, KernelGraph, TensorType
 
 log = logging.getLogger("mirage_jax")
 
@@ -159,19 +159,27 @@ def _atom_text(atom: Any, t: Any) -> str:
     return f"{t} (literal {atom.val})"
 
 
+_HELD = ("is_finite feeds an equation outside its region (a select_n folds it only within "
+         "one); it stays with XLA")  # fmt: skip
+
+
 def partition(flat: FlatJaxpr) -> tuple[tuple[Region, ...], tuple[Cut, ...]]:
     """The regions and cuts of a flat jaxpr, in equation order."""
     asm = Assembler(flat.closed.jaxpr, flat.sources)
-    builder = RegionBuilder(0)
-    for i, eqn in enumerate(asm.eqns):
-        reason = asm.apply(builder, eqn)
-        if reason is None:
-            continue
-        asm.cuts.append(Cut(eqn.primitive.name, reason, flat.sources[i], i))
+    n, i, builder = len(asm.eqns), 0, RegionBuilder(0)
+    while True:
+        reason = None
+        while i < n and (reason := asm.apply(builder, asm.eqns[i])) is None:
+            i += 1
+        # a predicate read past the region's end cannot leave it: end the region before it
+        while (held := asm.escaping_predicate(builder, i)) is not None:
+            builder, i, reason = asm.rebuild(builder.start, held), held, _HELD
+        if i < n:
+            asm.cuts.append(Cut(asm.eqns[i].primitive.name, reason or "", flat.sources[i], i))
         asm.close(builder, i)
-        builder = RegionBuilder(i + 1)
-    asm.close(builder, len(asm.eqns))
-    return tuple(asm.regions), tuple(asm.cuts)
+        if i >= n:  # a rebuilt region's cut comes after the cuts found past it
+            return tuple(asm.regions), tuple(sorted(asm.cuts, key=lambda c: c.eqn_index))
+        i, builder = i + 1, RegionBuilder(i + 1)
 
 
 class Assembler:
@@ -181,8 +189,10 @@ class Assembler:
         self.eqns = jaxpr.eqns
         self.sources = sources
         self.last_use: dict[Var, int] = {}
+        self.defined_at: dict[Var, int] = {}
         for i, eqn in enumerate(self.eqns):
             self.last_use.update((a, i) for a in eqn.invars if isinstance(a, Var))
+            self.defined_at.update((v, i) for v in eqn.outvars if not isinstance(v, DropVar))
         self.program_outs = {a for a in jaxpr.outvars if isinstance(a, Var)}
         self.regions: list[Region] = []
         self.cuts: list[Cut] = []
@@ -190,6 +200,21 @@ class Assembler:
     def escapes(self, var: Var, end: int) -> bool:
         """Whether ``var`` is read at or after equation ``end`` or is a program output."""
         return self.last_use.get(var, -1) >= end or var in self.program_outs
+
+    def escaping_predicate(self, b: RegionBuilder, end: int) -> int | None:
+        """The first equation of ``b`` making a predicate read at or after ``end`` (a region
+        ending there could not output it), else None."""
+        held = [self.defined_at[v] for v in b.env
+                if b.predicate_of(v) is not None and self.escapes(v, end)]  # fmt: skip
+        return min(held, default=None)
+
+    def rebuild(self, start: int, end: int) -> RegionBuilder:
+        """A builder holding equations ``start`` to ``end`` again (all accepted before)."""
+        b = RegionBuilder(start)
+        for i in range(start, end):
+            if self.apply(b, self.eqns[i]) is not None:
+                raise GraphError(f"equation {i} was accepted once and not again")
+        return b
 
     def apply(self, b: RegionBuilder, eqn: JaxprEqn) -> str | None:
         """Add ``eqn`` to the region; the reason it cannot be added, or ``None``."""
@@ -220,7 +245,9 @@ class Assembler:
 
     @staticmethod
     def _check(b: RegionBuilder, var: Any, view: View) -> None:
-        want, have = tensor_type(var.aval), b.type(view.vid)
+        bool_var = np.dtype(var.aval.dtype) == np.bool_  # a predicate (``is_finite``)
+        want = TensorType(tuple(var.aval.shape), DType.BOOL) if bool_var else tensor_type(var.aval)
+        have = b.type(view.vid)
         same_size = have.size == want.size
         broadcast = have.rank == want.rank and all(
             h in (1, w) for h, w in zip(have.shape, want.shape)

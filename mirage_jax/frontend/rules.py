@@ -174,15 +174,24 @@ def _binary(name: str) -> Rule:
     return rule
 
 
+def _is_finite(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
+    """A predicate the region holds for a ``select_n`` to fold (``_finite_or``)."""
+    return [b.is_finite(b.tensor(eqn.invars[0]))]
+
+
 def _select_n(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
     """``select_n(pred, on_false, on_true)`` over a bool mask from outside the region (as
     ``jnp.where`` and attention masks give): a WHERE keeping the tensor case where a scalar
     constant is the other, else where(m, on_true, -0) + where_not(m, on_false, -0), which is
-    exact (x + -0 is x for every x, -0 included)."""
+    exact (x + -0 is x for every x, -0 included). Over ``is_finite(x)`` of this region, see
+    ``_finite_or``."""
     pred, *cases = eqn.invars
     if len(cases) != 2:
         raise Unsupported(f"select_n of {len(cases)} cases has no μGraph operator")
     shape = _out_shape(eqn)
+    x = b.predicate_of(pred)
+    if x is not None:
+        return _finite_or(b, eqn, x, *cases)
     mask = b.aligned(b.mask(pred), len(shape))
     lo, hi = (b.operand(c) for c in cases)
     lo_c, hi_c = (c if isinstance(c, float) else b.constant(c) for c in (lo, hi))
@@ -197,6 +206,18 @@ def _select_n(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
         other = b.apply(Op.WHERE_NOT, mask, b.aligned(lo, len(shape)), fill=-0.0)
         vid = b.apply(Op.ADD, kept, other)
     return _finish(b, eqn, vid, shape)
+
+
+def _finite_or(b: RegionBuilder, eqn: JaxprEqn, x: View, on_false: Any, on_true: Any
+               ) -> list[View]:  # fmt: skip
+    """``jnp.where(jnp.isfinite(x), x, c)`` for a constant c (``logsumexp`` guards its max so)
+    as ``finite_or[fill=c](x)``; another select over ``is_finite`` has no μGraph operator."""
+    lo, hi = b.operand(on_false), b.operand(on_true)
+    fill = lo if isinstance(lo, float) else b.constant(lo)
+    if fill is None or isinstance(hi, float) or hi.vid != x.vid or hi.shape != x.shape:
+        raise Unsupported("select_n over is_finite(x) has a μGraph operator only as "
+                          "where(isfinite(x), x, constant)")  # fmt: skip
+    return _finish(b, eqn, b.apply(Op.FINITE_OR, x.vid, fill=fill), x.shape)
 
 
 def _clamp(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
@@ -370,6 +391,7 @@ RULES: dict[str, Rule] = {
     "integer_pow": _integer_pow,
     "clamp": _clamp,
     "select_n": _select_n,
+    "is_finite": _is_finite,
     "reduce_sum": _reduce("sum"),
     "reduce_max": _reduce("max"),
     "reduce_min": _reduce("min"),
@@ -394,9 +416,11 @@ CONTROL_FLOW = frozenset({"cond", "while", "scan", "fori_loop", "switch", "custo
 
 def tensor_atoms(eqn: JaxprEqn) -> tuple[Any, ...]:
     """The atoms of ``eqn`` that must be μGraph tensors: all of them but a select's predicate,
-    which enters a region as a bool mask (``RegionBuilder.mask``)."""
-    operands = eqn.invars[1:] if eqn.primitive.name == "select_n" else eqn.invars
-    return (*operands, *eqn.outvars)
+    which enters a region as a bool mask (``RegionBuilder.mask``), and the predicate that
+    ``is_finite`` makes."""
+    name = eqn.primitive.name
+    operands = eqn.invars[1:] if name == "select_n" else eqn.invars
+    return tuple(operands) if name == "is_finite" else (*operands, *eqn.outvars)
 
 
 def unsupported_reason(name: str) -> str:

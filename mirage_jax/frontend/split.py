@@ -107,6 +107,8 @@ def _pieces_from(asm: Assembler, start: int, end: int, policy: SplitPolicy
         if not policy.fits(work.ops, work.inputs):  # both only grow with the piece
             return
         defined.extend(v for v in asm.eqns[i].outvars if not isinstance(v, DropVar))
+        if asm.escaping_predicate(builder, i + 1) is not None:
+            continue  # a piece cannot end between is_finite and the select_n folding it
         written = sum(tensor_type(v.aval).nbytes for v in defined if asm.escapes(v, i + 1))
         yield i + 1, policy.kernel_s(work.input_bytes + written, work.matmul_flops,
                                      work.element_ops)  # fmt: skip

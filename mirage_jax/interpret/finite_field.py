@@ -25,7 +25,8 @@ Semantics (every op reduces to these):
 - sigmoid = 1/(1+exp(-x)), silu = x*sigmoid(x), tanh = (exp(2x)-1)/(exp(2x)+1), gelu by its
   tanh formula, square = x*x, pow_scalar: non-negative integer -> repeated multiplication,
   negative integer -> reciprocal of that, 0.5 -> sqrt, -0.5 -> rsqrt, others uninterpreted.
-- sqrt, log, erf, erfc, sin, cos, sign (and pow_scalar by other exponents): uninterpreted
+- sqrt, log, erf, erfc, sin, cos, sign, finite_or (one per fill; and pow_scalar by other
+  exponents): uninterpreted
   functions: a fixed pseudo-random function (splitmix64 with a per-op tag and ``Field.seed``)
   of the input pair, the same in every graph; rsqrt = 1/sqrt, reduce_rms / acc_rms =
   sqrt(mean(x^2)).
@@ -401,6 +402,11 @@ class FieldSystem(NumberSystem):
     # the uninterpreted functions (module docstring), each a fixed function of its own
     sqrt, log, erf, erfc, sin, cos, sign = (
         _opaque(name) for name in ("sqrt", "log", "erf", "erfc", "sin", "cos", "sign"))
+
+    def finite_or(self, x, fill):
+        # every field element is "finite": as the identity, a candidate that dropped the guard
+        # would verify; as a function of its own (one per fill), both graphs must keep it
+        return self._uninterpreted(x, f"finite_or:{float(fill)!r}")
 
     def where(self, m, x, fill, keep):
         # masks are 0/1 in the field: m x + (1 - m) c, exact; a non-finite fill is a fixed

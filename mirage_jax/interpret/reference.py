@@ -114,6 +114,10 @@ class FloatSystem(NumberSystem):
     def sign(self, x):
         x = _up(x)
         return np.where(x == 0, x, np.sign(x))  # XLA keeps -0 (numpy's sign gives +0)
+
+    def finite_or(self, x, fill):
+        x = _up(x)
+        return np.where(np.isfinite(x), x, np.asarray(fill, x.dtype))
     matmul = _lift(batched_matmul)
 
     def erf(self, x):

@@ -72,6 +72,7 @@ class Op(enum.Enum):
     MUL_SCALAR = "mul_scalar"
     ADD_SCALAR = "add_scalar"
     POW_SCALAR = "pow_scalar"
+    FINITE_OR = "finite_or"  # x where finite, else the fill (logsumexp's guard of its max)
     # elementwise binary, numpy broadcasting over equal ranks (each dim equal or 1)
     ADD = "add"
     SUB = "sub"
@@ -239,6 +240,8 @@ def _info() -> dict[Op, OpInfo]:
         Op.ADD_SCALAR: scalar("AddScalar", "scalar", "add(x, const[scalar])", "shift"),
         Op.POW_SCALAR: scalar("PowScalar", "exponent", "pow[exponent](x)", "power",
                               element_flops=16.0, transcendental=True),
+        # to the abstraction a new value of x whatever the fill (coarser, so pruning stays sound)
+        Op.FINITE_OR: scalar("FiniteOr", "fill", "fn[finite_or](x)", "fresh"),
         Op.ADD: binary("Add", "add(x, y)", "sum", commutative=True),
         Op.SUB: binary("Sub", "add(x, neg(y))", "sum", trivial_on_itself=True),
         Op.MUL: binary("Mul", "mul(x, y)", "product", commutative=True),

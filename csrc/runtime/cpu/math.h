@@ -362,6 +362,16 @@ struct AddScalar {
   template <class T>
   MJ_INLINE T operator()(T x) const { return x + lane_t<T>(c); }
 };
+// x where it is finite, else c (jnp.where(jnp.isfinite(x), x, c), as logsumexp guards its max):
+// x - x is exactly 0 for a finite x and NaN for an infinite or NaN one.
+struct FiniteOr {
+  double c;
+  template <class T>
+  MJ_INLINE T operator()(T x) const {
+    using S = lane_t<T>;
+    return x - x == S(0) ? x : splat<T>(S(c));
+  }
+};
 // x^N for an integer N (repeated squaring, unrolled at compile time).
 template <int N>
 struct PowInt {

@@ -38,6 +38,8 @@ MJ_UNARY(Reciprocal, C(1) / x)
 MJ_UNARY(MulScalar, x* s)
 MJ_UNARY(AddScalar, x + s)
 MJ_UNARY(PowScalar, m_pow(x, s))
+// x where finite, else the fill s: x - x is exactly 0 for finite x, NaN otherwise
+MJ_UNARY(FiniteOr, (x - x == C(0) ? x : s))
 #undef MJ_UNARY
 
 // A cast to T whose result is kept in a wider tile type: round to T, keep the wider type.
