@@ -291,13 +291,10 @@ def test_logsumexp_is_one_region_with_its_guard_kept_on_special_values() -> None
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def test_is_finite_that_no_select_folds_stays_with_xla_and_its_region_ends_before_it() -> None:
-    """The predicate is no μGraph value: when it is not folded (a select of another value, an
-    op that reads it, a program output), the region ends before is_finite, which XLA
-    computes, and a select reading it takes it as a mask from outside."""
-
-    def other_value(x):
-        return jnp.where(jnp.isfinite(jnp.exp(x)), x * 2.0, 0.0) * 3.0
+def test_is_finite_that_no_select_folds_stays_with_xla_ahead_of_the_region() -> None:
+    """The predicate is no μGraph value: when it is read other than as a select's predicate
+    (an op, a program output), XLA computes is_finite (moved ahead, as far as what it reads
+    allows) and a select reading it takes it as a mask from outside."""
 
     def read_by_an_op(x):
         ok = jnp.isfinite(jnp.exp(x))
@@ -308,14 +305,35 @@ def test_is_finite_that_no_select_folds_stays_with_xla_and_its_region_ends_befor
         ok = jnp.isfinite(m)
         return jnp.where(ok, m, 0.0), ok
 
-    cases = ((other_value, ["is_finite"]), (returned, ["is_finite"]),
-             (read_by_an_op, ["is_finite", "not", "convert_element_type"]))
-    for fn, cuts in cases:
+    for fn, cuts in ((returned, ["is_finite"]),
+                     (read_by_an_op, ["is_finite", "not", "convert_element_type"])):  # fmt: skip
         program = check(fn, _randn(4, 8))
         assert [c.primitive for c in program.cuts] == cuts, (fn.__name__, program.cuts)
-        assert "feeds an equation outside its region" in program.cuts[0].reason
+        assert "read other than as a select's predicate" in program.cuts[0].reason
         assert all(Op.FINITE_OR not in _ops(r) for r in program.regions), fn.__name__
-        assert all(Op.WHERE in _ops(r) for r in program.regions if Op.MUL_SCALAR in _ops(r))
+    # of a value from outside the region, XLA computes it first and the region stays whole
+    program = check(lambda x, y: jnp.where(jnp.isfinite(x), y, 0.0) * jnp.isfinite(x),
+                    _randn(4, 8), _randn(4, 8, seed=2))  # fmt: skip
+    assert [c.primitive for c in program.cuts][0] == "is_finite" and len(program.regions) == 1
+
+
+@pytest.mark.parametrize("case", ["other_value", "tensor_fill"])
+def test_a_select_that_cannot_fold_ends_the_region_before_its_is_finite(case: str) -> None:
+    """The select refuses after is_finite joined the region (it picks another value, or its
+    fill is no constant): the region is built again up to is_finite, which XLA computes, and
+    no bool leaves a region."""
+
+    def fn(x, c):
+        m = jnp.exp(x) * 2.0
+        if case == "other_value":
+            return jnp.where(jnp.isfinite(m), x * 5.0, 0.0) * 3.0
+        return jnp.where(jnp.isfinite(m), m, c) * 3.0
+
+    program = check(fn, _randn(4, 8), _randn(4, 8, seed=5))
+    assert [c.primitive for c in program.cuts] == ["is_finite"]
+    assert "feeds an equation outside its region" in program.cuts[0].reason
+    assert len(program.regions) == 2
+    assert all(Op.FINITE_OR not in _ops(r) for r in program.regions)
 
 
 def test_silu_is_recognised_and_custom_jvp_inlined() -> None:

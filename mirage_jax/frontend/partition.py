@@ -27,7 +27,14 @@ from mirage_jax.frontend.builder import (
     tensor_type,
 )
 from mirage_jax.frontend.flatten import FlatJaxpr
-from mirage_jax.frontend.rules import RULES, tensor_atoms, unsupported_reason
+from mirage_jax.frontend.rules import (
+    IS_FINITE_KEPT,
+    RULES,
+    is_finite_folds,
+    readers,
+    tensor_atoms,
+    unsupported_reason,
+)
 from mirage_jax.interpret.numerics import sample_inputs
 from mirage_jax.ir import DType, KernelGraph, TensorType
 
@@ -194,6 +201,7 @@ class Assembler:
             self.last_use.update((a, i) for a in eqn.invars if isinstance(a, Var))
             self.defined_at.update((v, i) for v in eqn.outvars if not isinstance(v, DropVar))
         self.program_outs = {a for a in jaxpr.outvars if isinstance(a, Var)}
+        self.readers = readers(jaxpr)
         self.regions: list[Region] = []
         self.cuts: list[Cut] = []
 
@@ -224,6 +232,10 @@ class Assembler:
             return unsupported_reason(name)
         if eqn.effects:
             return f"{name} has side effects"
+        if name == "is_finite" and not is_finite_folds(
+            eqn, self.readers.get(eqn.outvars[0], ()), eqn.outvars[0] in self.program_outs
+        ):
+            return IS_FINITE_KEPT
         mark = b.mark()
         outvars = [v for v in eqn.outvars if not isinstance(v, DropVar)]
         try:

@@ -9,12 +9,12 @@ A primitive that is not in ``RULES`` always cuts its region.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import JaxprEqn
+from jax.extend.core import JaxprEqn, Literal
 
 from mirage_jax.frontend.builder import RegionBuilder, Unsupported, View, tensor_type
 from mirage_jax.ir import DType, Op
@@ -175,8 +175,24 @@ def _binary(name: str) -> Rule:
 
 
 def _is_finite(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
-    """A predicate the region holds for a ``select_n`` to fold (``_finite_or``)."""
+    """A predicate the region holds for a ``select_n`` to fold (``_finite_or``); offered only
+    when ``is_finite_folds``."""
     return [b.is_finite(b.tensor(eqn.invars[0]))]
+
+
+IS_FINITE_KEPT = ("is_finite is read other than as a select's predicate (only "
+                  "where(isfinite(x), x, constant) has a μGraph operator); it stays with XLA")
+
+
+def is_finite_folds(eqn: JaxprEqn, readers: Sequence[JaxprEqn], is_output: bool) -> bool:
+    """Whether every read of an ``is_finite`` is as the predicate of a two-way ``select_n``,
+    which ``_finite_or`` may fold (it checks the cases: x where it holds, else a constant);
+    anything else needs the bool, which no region makes."""
+    (pred,) = eqn.outvars
+    return bool(readers) and not is_output and all(
+        r.primitive.name == "select_n" and len(r.invars) == 3 and r.invars[0] is pred
+        and pred not in r.invars[1:] for r in readers
+    )  # fmt: skip
 
 
 def _select_n(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
@@ -412,6 +428,16 @@ RULES: dict[str, Rule] = {
 
 # Primitives that take whole sub-programs: named in the cut report as control flow.
 CONTROL_FLOW = frozenset({"cond", "while", "scan", "fori_loop", "switch", "custom_linear_solve"})
+
+
+def readers(jaxpr: Any) -> dict[Any, list[JaxprEqn]]:
+    """The equations that read each var of ``jaxpr``."""
+    found: dict[Any, list[JaxprEqn]] = {}
+    for eqn in jaxpr.eqns:
+        for a in eqn.invars:
+            if not isinstance(a, Literal):
+                found.setdefault(a, []).append(eqn)
+    return found
 
 
 def tensor_atoms(eqn: JaxprEqn) -> tuple[Any, ...]:

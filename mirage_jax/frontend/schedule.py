@@ -18,15 +18,17 @@ from jax.extend.core import ClosedJaxpr, JaxprEqn, Var
 
 from mirage_jax.frontend.builder import Unsupported, tensor_type
 from mirage_jax.frontend.flatten import FlatJaxpr
-from mirage_jax.frontend.rules import RULES, tensor_atoms
+from mirage_jax.frontend.rules import RULES, is_finite_folds, readers, tensor_atoms
 
 
 def hoist_cuts(flat: FlatJaxpr) -> FlatJaxpr:
     """``flat`` with every equation that stays with XLA moved up to its inputs."""
     jaxpr = flat.closed.jaxpr
+    read_by = readers(jaxpr)
+    outs = {v for v in jaxpr.outvars if isinstance(v, Var)}
     order: list[int] = []
     for i, eqn in enumerate(jaxpr.eqns):
-        if eqn.effects or not _stays_with_xla(eqn):
+        if eqn.effects or not _stays_with_xla(eqn, read_by, outs):
             order.append(i)
             continue
         reads = {v for v in eqn.invars if isinstance(v, Var)}
@@ -45,11 +47,14 @@ def _writes(eqn: JaxprEqn, reads: set[Any]) -> bool:
     return any(v in reads for v in eqn.outvars)
 
 
-def _stays_with_xla(eqn: JaxprEqn) -> bool:
+def _stays_with_xla(eqn: JaxprEqn, read_by: dict[Any, list[JaxprEqn]], outs: set[Any]) -> bool:
     """No rule can take it: its primitive has none, or a value it reads or writes is not a
-    μGraph tensor (integers, bools other than a select's predicate)."""
+    μGraph tensor (integers, bools other than a select's predicate or a folded is_finite)."""
     if eqn.primitive.name not in RULES:
         return True
+    if eqn.primitive.name == "is_finite":
+        (pred,) = eqn.outvars
+        return not is_finite_folds(eqn, read_by.get(pred, ()), pred in outs)
     try:
         for atom in tensor_atoms(eqn):
             tensor_type(atom.aval)
