@@ -826,3 +826,28 @@ def test_a_region_whose_output_drops_the_reduced_dim_is_fused_in_one_kernel():
     want = evaluate(target, [x, y], precision="float64")[0]
     for (got,) in compile_and_run(fused, [x, y]):
         assert_array_close(got, want, dtype=np.float32, rtol=sum_rtol(64), what="fused")
+
+
+def test_a_masked_row_sum_region_is_fused_in_one_kernel():
+    """jnp.where(mask, s, c) keeps its literal fill as a region input only XLA's replay reads:
+    the kernel DFS counted it unused, so every graph_def site had to consume it and none
+    could, and no masked region (attention under a causal mask) was ever fused. An unread
+    input may stay unused; the mask, which no abstract term names, is still an operand."""
+
+    def fn(x, y, mask):
+        return jnp.sum(jnp.where(mask, x * y, -1.0), axis=-1)
+
+    rng = np.random.default_rng(2)
+    x, y = inputs([(8, 64), (8, 64)], 2)
+    mask = rng.random((8, 64)) < 0.5
+    target = trace(fn, x, y, mask).regions[0].graph
+    assert len(target.input_types) == 4  # x, the literal, the mask, y: the literal is unread
+    result = superoptimize(target, fast_config(max_tasks=None))
+    fused = [c.graph for c in result.verified if single_kernel(c.graph) is not None]
+    assert fused, str(result.report)
+    floats = iter([x, y])  # the region's inputs in the order the trace met them
+    args = [mask if t.dtype is DType.BOOL else next(floats) if t.shape else np.float32(-1.0)
+            for t in target.input_types]  # fmt: skip
+    want = evaluate(target, args, precision="float64")[0]
+    for (got,) in compile_and_run(fused, args):
+        assert_array_close(got, want, dtype=np.float32, rtol=sum_rtol(64), what="fused")

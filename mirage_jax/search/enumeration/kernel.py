@@ -104,6 +104,9 @@ class KernelDFS:
         self.nodes: list[tuple[Op, tuple[int, ...], tuple, tuple]] = []
         self.sigs: set[tuple[Any, ...]] = set()
         self.needed = vars_needed(abstract.output_terms(target))
+        # (by the graph, not the terms: a mask is read, though no term names it)
+        read = {i for n in target.nodes for i in n.ins}
+        self.unread = {k for k, n in enumerate(target.inputs) if n.outs[0] not in read}
         self._ops = _kernel_vocabulary(space)
         self.index = IndexAnalysis(target) if self.prune else None
         if self.index is not None and not self.index.enabled:
@@ -199,7 +202,7 @@ class KernelDFS:
                 self.result.sites.append(Site(self._prefix(), ops))
 
     def _unread_input(self, v: int) -> bool:
-        return v < len(self.input_types) and v not in self.needed
+        return v in self.unread
 
     def _complete_plain(self, dangling: list[int]) -> None:
         if not self.nodes or len(dangling) > len(self.out_types):
