@@ -411,15 +411,20 @@ class BlockBuilder(_Builder):
 def copy_into(
     kb: KernelBuilder, graph: KernelGraph,
     block_fn: Callable[[BlockGraph], BlockGraph] | None = None,
+    output_fn: Callable[[KernelBuilder, int, Value], Value] | None = None,
 ) -> None:  # fmt: skip
-    """Append ``graph`` to ``kb``: its inputs and outputs after those already there, and the
-    block graph of every graph-defined kernel replaced by ``block_fn`` of it when given."""
+    """Append ``graph`` to ``kb``: its inputs and outputs after those already there, the block
+    graph of every graph-defined kernel replaced by ``block_fn`` of it and output k's value
+    ``y`` by ``output_fn(kb, k, y)`` when given."""
     vals: dict[int, Value] = {}
+    k = 0
     for node in graph.nodes:
         if node.op is Op.INPUT:
             vals[node.outs[0]] = kb.input(graph.types[node.outs[0]])
         elif node.op is Op.OUTPUT:
-            kb.output(vals[node.ins[0]])
+            y = vals[node.ins[0]]
+            kb.output(output_fn(kb, k, y) if output_fn is not None else y)
+            k += 1
         else:
             attrs = node.attr_dict
             if node.op is Op.GRAPH_DEF and block_fn is not None:

@@ -10,7 +10,7 @@ graph it returns gets them back.
 
 from __future__ import annotations
 
-from mirage_jax.ir.graph import KernelBuilder, KernelGraph, Value
+from mirage_jax.ir.graph import KernelBuilder, KernelGraph, Value, copy_into
 from mirage_jax.ir.ops import Op
 from mirage_jax.ir.types import TensorType
 
@@ -44,19 +44,13 @@ def restore(graph: KernelGraph, types: tuple[TensorType, ...]) -> KernelGraph:
     """``graph`` with its outputs reshaped to ``types`` where their shapes differ."""
     if graph.output_types == types:
         return graph
+
+    def reshaped(kb: KernelBuilder, k: int, y: Value) -> Value:
+        want = types[k].shape
+        return y if y.type.shape == want else kb.apply(Op.RESHAPE, y, shape=want)
+
     kb = KernelBuilder()
-    vals: dict[int, Value] = {}
-    outs: list[Value] = []
-    for node in graph.nodes:
-        if node.op is Op.INPUT:
-            vals[node.outs[0]] = kb.input(graph.types[node.outs[0]])
-        elif node.op is Op.OUTPUT:
-            outs.append(vals[node.ins[0]])
-        else:
-            made = kb.add_node(node.op, tuple(vals[i] for i in node.ins), node.attr_dict)
-            vals.update(zip(node.outs, made))
-    for y, t in zip(outs, types):
-        kb.output(y if y.type.shape == t.shape else kb.apply(Op.RESHAPE, y, shape=t.shape))
+    copy_into(kb, graph, output_fn=reshaped)
     return kb.build()
 
 
