@@ -39,8 +39,13 @@ def two_regions(x, w):
     return jnp.tanh(y) * y
 
 
+def logits_logsumexp(x, w):
+    return jax.nn.logsumexp(x @ w, axis=-1)  # its max's guard is a finite_or in the region
+
+
 CASES = {
     "rmsnorm_linear": (rmsnorm_linear, [(4, 64), (64,), (64, 32)]),
+    "logsumexp": (logits_logsumexp, [(4, 16), (16, 8)]),
     "gated_mlp": (gated_mlp, [(4, 32), (32, 48), (32, 48)]),
     "attention": (attention, [(8, 16), (12, 16), (12, 16)]),
     "two_regions": (two_regions, [(4, 16), (16, 8)]),
