@@ -231,11 +231,11 @@ class Exploration:
         t = time.perf_counter()
         best, verified = self._choose(self._verified)
         self.report.timings["total"] = self._explored_s + self._stage("timing", t) - t
-        self._finish(best, verified)
         shapes = self.original.output_types
         best = self.original if best is self.target else output_shapes.restore(best, shapes)
         verified = [dataclasses.replace(c, graph=output_shapes.restore(c.graph, shapes))
                     for c in verified]  # fmt: skip
+        self._finish(best, verified)
         return SearchResult(best, tuple(verified), self.report)
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
@@ -637,9 +637,9 @@ class Exploration:
 
     def _finish(self, best: KernelGraph, verified: Sequence[Candidate]) -> None:
         r = self.report
-        if best is self.target:
+        if best is self.original:
             r.best_summary = ""
-            r.best_text = str(self.target)
+            r.best_text = str(self.original)
             if not verified:
                 r.notes.append("no verified candidate: the target is kept")
             return
