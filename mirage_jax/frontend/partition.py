@@ -196,10 +196,9 @@ class Assembler:
         self.eqns = jaxpr.eqns
         self.sources = sources
         self.last_use: dict[Var, int] = {}
-        self.defined_at: dict[Var, int] = {}
         for i, eqn in enumerate(self.eqns):
             self.last_use.update((a, i) for a in eqn.invars if isinstance(a, Var))
-            self.defined_at.update((v, i) for v in eqn.outvars if not isinstance(v, DropVar))
+        self.is_finite_at = [i for i, e in enumerate(self.eqns) if e.primitive.name == "is_finite"]
         self.program_outs = {a for a in jaxpr.outvars if isinstance(a, Var)}
         self.readers = readers(jaxpr)
         self.regions: list[Region] = []
@@ -212,9 +211,11 @@ class Assembler:
     def escaping_predicate(self, b: RegionBuilder, end: int) -> int | None:
         """The first equation of ``b`` making a predicate read at or after ``end`` (a region
         ending there could not output it), else None."""
-        held = [self.defined_at[v] for v in b.env
-                if b.predicate_of(v) is not None and self.escapes(v, end)]  # fmt: skip
-        return min(held, default=None)
+        for i in self.is_finite_at:  # usually none: the splitter asks at every equation
+            v = self.eqns[i].outvars[0]
+            if b.start <= i < end and b.predicate_of(v) is not None and self.escapes(v, end):
+                return i
+        return None
 
     def rebuild(self, start: int, end: int) -> RegionBuilder:
         """A builder holding equations ``start`` to ``end`` again (all accepted before)."""
@@ -232,9 +233,7 @@ class Assembler:
             return unsupported_reason(name)
         if eqn.effects:
             return f"{name} has side effects"
-        if name == "is_finite" and not is_finite_folds(
-            eqn, self.readers.get(eqn.outvars[0], ()), eqn.outvars[0] in self.program_outs
-        ):
+        if name == "is_finite" and not is_finite_folds(eqn, self.readers, self.program_outs):
             return IS_FINITE_KEPT
         mark = b.mark()
         outvars = [v for v in eqn.outvars if not isinstance(v, DropVar)]

@@ -9,7 +9,7 @@ A primitive that is not in ``RULES`` always cuts its region.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -184,12 +184,15 @@ IS_FINITE_KEPT = ("is_finite is read other than as a select's predicate (only "
                   "where(isfinite(x), x, constant) has a μGraph operator); it stays with XLA")
 
 
-def is_finite_folds(eqn: JaxprEqn, readers: Sequence[JaxprEqn], is_output: bool) -> bool:
-    """Whether every read of an ``is_finite`` is as the predicate of a two-way ``select_n``,
-    which ``_finite_or`` may fold (it checks the cases: x where it holds, else a constant);
+def is_finite_folds(eqn: JaxprEqn, read_by: Mapping[Any, Sequence[JaxprEqn]],
+                    outputs: Container[Any]) -> bool:  # fmt: skip
+    """Whether every read of an ``is_finite`` is as the predicate of a two-way ``select_n``
+    (``read_by``: ``readers`` of the jaxpr; ``outputs``: its output vars), which
+    ``_finite_or`` may fold (it checks the cases: x where it holds, else a constant);
     anything else needs the bool, which no region makes."""
     (pred,) = eqn.outvars
-    return bool(readers) and not is_output and all(
+    readers = read_by.get(pred, ())
+    return bool(readers) and pred not in outputs and all(
         r.primitive.name == "select_n" and len(r.invars) == 3 and r.invars[0] is pred
         and pred not in r.invars[1:] for r in readers
     )  # fmt: skip

@@ -53,8 +53,7 @@ def _stays_with_xla(eqn: JaxprEqn, read_by: dict[Any, list[JaxprEqn]], outs: set
     if eqn.primitive.name not in RULES:
         return True
     if eqn.primitive.name == "is_finite":
-        (pred,) = eqn.outvars
-        return not is_finite_folds(eqn, read_by.get(pred, ()), pred in outs)
+        return not is_finite_folds(eqn, read_by, outs)
     try:
         for atom in tensor_atoms(eqn):
             tensor_type(atom.aval)

@@ -184,7 +184,7 @@ class KernelDFS:
 
     def _collect(self) -> None:
         # an input no output reads (a literal a region keeps for XLA's replay) may stay unused
-        dangling = [v for v, u in enumerate(self.uses) if u == 0 and not self._unread_input(v)]
+        dangling = [v for v, u in enumerate(self.uses) if u == 0 and v not in self.unread]
         if self.space.config.max_graph_defs >= 1:
             self._collect_sites(dangling)
         self._complete_plain(dangling)
@@ -194,15 +194,12 @@ class KernelDFS:
         target needs."""
         for size in range(1, self.space.config.max_graph_def_inputs + 1):
             for ops in itertools.combinations(range(len(self.types)), size):
-                if not set(dangling) <= set(ops) or any(map(self._unread_input, ops)):
+                if not set(dangling) <= set(ops) or self.unread.intersection(ops):
                     continue
                 covered = set().union(*(vars_needed([self.terms[i]]) for i in ops))
                 if not self.needed <= covered:
                     continue
                 self.result.sites.append(Site(self._prefix(), ops))
-
-    def _unread_input(self, v: int) -> bool:
-        return v in self.unread
 
     def _complete_plain(self, dangling: list[int]) -> None:
         if not self.nodes or len(dangling) > len(self.out_types):
