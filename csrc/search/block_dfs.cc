@@ -3,6 +3,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -108,14 +109,18 @@ struct Node {
   Key key;
 };
 
-struct Move {
-  int op, attr, in0, in1, st;
-  Shape shape;
-  Key key;
-};
-
 struct Eval {
   int kind, sid, sig;
+};
+
+// A proposed op that passed evaluate(): a move of the partial graph where it was proposed and
+// of every graph below it (its checks read only its operands). ``rank`` is its place in the
+// order Python's generators propose moves in (block_moves.py); lists are kept in that order.
+struct Move {
+  uint64_t rank;
+  Key key;
+  int op, attr, in0, in1;
+  Eval ev;
 };
 
 struct MemoKey {
@@ -189,6 +194,9 @@ class BlockSearch {
   // Runs the DFS from the initial graph (pushed so far); what it found is in found().
   void Run(int stage) {
     first_new_ = nodes_.size();
+    // sized once: a level's moves stay put while the levels below it run
+    moves_.resize(first_new_ + max_ops_ + 1);
+    applied_.resize(first_new_ + max_ops_ + 1);
     try {
       Dfs(stage);
     } catch (StopSearch&) {
@@ -295,24 +303,37 @@ class BlockSearch {
     }
   }
 
+  // The moves of a partial graph are its parent's (all but the one applied, of a stage not
+  // below it) and the new ones on the value just made: a move rejected once is not proposed
+  // again, and only the new ones are evaluated (and counted).
   void Dfs(int stage) {
     Tick();
     if (n_ops_ != 0) Complete();
     if (n_ops_ >= max_ops_) return;
     size_t depth = nodes_.size();
-    if (moves_.size() <= depth) moves_.resize(depth + 1);
-    moves_[depth].clear();
-    Moves(stage, &moves_[depth]);
+    std::vector<Move>& here = moves_[depth];
+    here.clear();
+    if (depth == first_new_) {
+      Propose(stage, -1, &here);
+    } else {
+      fresh_.clear();
+      Propose(stage, static_cast<int>(depth) - 1, &fresh_);
+      const Move& applied = *applied_[depth - 1];
+      Merge(moves_[depth - 1], applied, stage, &here);
+    }
+    bool iter = iter_.back();
+    Key last_key = iter ? Key{} : nodes_.back().key;
+    int last_out = iter ? -1 : static_cast<int>(depth) - 1;
     for (size_t k = 0; k < moves_[depth].size(); ++k) {
-      Move mv = moves_[depth][k];  // a copy: deeper levels may grow moves_
-      const Eval& ev = Evaluate(mv);
-      if (ev.kind != kAccepted) continue;
-      auto seen = sig_count_.find(ev.sig);
+      const Move& mv = moves_[depth][k];  // deeper levels only touch their own lists
+      if (!(mv.key > last_key || mv.in0 == last_out || mv.in1 == last_out)) continue;
+      auto seen = sig_count_.find(mv.ev.sig);
       if (prune_ && seen != sig_count_.end() && seen->second > 0) {
         ++duplicates_;
         continue;
       }
-      PushValue(ev.sid, Node{mv.op, mv.attr, mv.in0, mv.in1, mv.key}, false, false);
+      applied_[depth] = &mv;
+      PushValue(mv.ev.sid, Node{mv.op, mv.attr, mv.in0, mv.in1, mv.key}, false, false);
       if (CanFinish(mv.key.st)) {
         Dfs(mv.key.st);
       } else {
@@ -320,6 +341,19 @@ class BlockSearch {
       }
       PopValue();
     }
+  }
+
+  // here = the parent's moves but ``applied`` and those of a stage below ``stage``, merged in
+  // rank order with fresh_ (the moves on the new value)
+  void Merge(const std::vector<Move>& parent, const Move& applied, int stage,
+             std::vector<Move>* here) {
+    auto next = fresh_.begin();
+    for (const Move& mv : parent) {
+      if (&mv == &applied || mv.key.st < stage) continue;
+      while (next != fresh_.end() && next->rank < mv.rank) here->push_back(*next++);
+      here->push_back(mv);
+    }
+    here->insert(here->end(), next, fresh_.end());
   }
 
   bool CanFinish(int stage) const {
@@ -335,19 +369,19 @@ class BlockSearch {
     return true;
   }
 
-  const Eval& Evaluate(const Move& mv) {
-    MemoKey key{mv.op, mv.attr, vsid_[mv.in0], mv.in1 >= 0 ? vsid_[mv.in1] : -1, mv.st};
+  Eval Evaluate(int op, int attr, int in0, int in1, int st, const Shape& shape) {
+    MemoKey key{op, attr, vsid_[in0], in1 >= 0 ? vsid_[in1] : -1, st};
     auto it = memo_.find(key);
     if (it == memo_.end()) {
-      py::tuple sids = mv.in1 >= 0 ? py::tuple(py::make_tuple(key.s0, key.s1))
-                                   : py::tuple(py::make_tuple(key.s0));
-      auto res = evaluate_(mv.op, mv.attr, sids, mv.st, ToTuple(mv.shape)).cast<py::tuple>();
+      py::tuple sids = in1 >= 0 ? py::tuple(py::make_tuple(key.s0, key.s1))
+                                : py::tuple(py::make_tuple(key.s0));
+      auto res = evaluate_(op, attr, sids, st, ToTuple(shape)).cast<py::tuple>();
       Eval ev{res[0].cast<int>(), res[1].cast<int>(), res[2].cast<int>()};
       if (ev.kind < 0 || ev.kind >= kNumCounters)
         throw std::logic_error("block DFS: evaluate returned an unknown counter");
       if (ev.kind == kAccepted) {
         static const int kPhaseOfStage[] = {kInv, kBody, kEpi, kEpi};
-        Register(ev.sid, mv.shape, kPhaseOfStage[mv.st], ev.sig);
+        Register(ev.sid, shape, kPhaseOfStage[st], ev.sig);
       }
       it = memo_.emplace(key, ev).first;
     }
@@ -356,11 +390,9 @@ class BlockSearch {
   }
 
   // -- moves (block_moves.py) ---------------------------------------------------------------
-  void Moves(int stage, std::vector<Move>* out) {
-    const Node& last = nodes_.back();
-    bool iter = iter_.back();
-    last_key_ = iter ? Key{} : last.key;
-    last_out_ = iter ? -1 : static_cast<int>(nodes_.size()) - 1;
+  // The moves of stage >= ``stage`` on value ``only`` (all moves when -1), evaluated, the
+  // accepted ones appended to ``out`` in Python's proposal order.
+  void Propose(int stage, int only, std::vector<Move>* out) {
     inv_.clear();
     body_.clear();
     epi_.clear();
@@ -371,6 +403,7 @@ class BlockSearch {
       if (p == kEpi) epi_.push_back(v);
     }
     out_ = out;
+    only_ = only;
     if (stage <= 0) Compute(0, inv_, inv_);
     if (stage <= 1 && !body_.empty()) {
       pool_ = inv_;
@@ -379,72 +412,115 @@ class BlockSearch {
     }
     if (stage <= 2 && !body_.empty() && loops_ > 1) Accumulators(body_);
     if (!epi_.empty()) {
-      std::vector<int> pool = inv_;
-      pool.insert(pool.end(), epi_.begin(), epi_.end());
-      Compute(3, pool, epi_);
+      pool_ = inv_;
+      pool_.insert(pool_.end(), epi_.begin(), epi_.end());
+      Compute(3, pool_, epi_);
     }
   }
 
-  void Emit(int st, int op, int attr, int in0, int in1, const Shape& s) {
-    Key key{st, op, Rank(op, attr), in0, in1};
-    if (!(key > last_key_ || in0 == last_out_ || in1 == last_out_)) return;
-    for (const Node& n : nodes_)  // an op applied already (the Python side's ``sigs``)
-      if (n.op == op && n.attr == attr && n.in0 == in0 && n.in1 == in1) return;
-    out_->push_back(Move{op, attr, in0, in1, st, s, key});
+  // A value's place in an operand pool: loop-invariant values first, then by id.
+  uint64_t Pos(int v) const { return (Phase(v) != kInv ? uint64_t{1} << 13 : 0) | v; }
+
+  // rank fields: stage, generator, op (its index in the generator's list), operands, attribute
+  static uint64_t RankOf(int st, int gen, int op, uint64_t a, uint64_t b, int attr) {
+    return static_cast<uint64_t>(st) << 61 | static_cast<uint64_t>(gen) << 58 |
+           static_cast<uint64_t>(op) << 50 | a << 36 | b << 22 | static_cast<uint64_t>(attr);
   }
+
+  void Emit(int st, uint64_t rank, int op, int attr, int in0, int in1, const Shape& s) {
+    if (only_ < 0)  // the first graph: an op its seeds applied is no move (Python's ``sigs``)
+      for (const Node& n : nodes_)
+        if (n.op == op && n.attr == attr && n.in0 == in0 && n.in1 == in1) return;
+    Move mv{rank, Key{st, op, Rank(op, attr), in0, in1}, op, attr, in0, in1, {}};
+    mv.ev = Evaluate(op, attr, in0, in1, st, s);
+    if (mv.ev.kind == kAccepted) out_->push_back(mv);
+  }
+
+  // the operand pairs of ``pool`` x ``pool`` a binary generator visits, in its order: all of
+  // them, or those on only_
+  template <typename F>
+  void Pairs(const std::vector<int>& pool, F&& visit) {
+    if (only_ < 0) {
+      for (int u : pool)
+        for (int v : pool) visit(u, v);
+      return;
+    }
+    if (std::find(pool.begin(), pool.end(), only_) == pool.end()) return;
+    for (int u : pool) {
+      if (u != only_) {
+        visit(u, only_);
+      } else {
+        for (int v : pool) visit(u, v);
+      }
+    }
+  }
+
+  bool Wanted(int v) const { return only_ < 0 || v == only_; }
 
   void Compute(int st, const std::vector<int>& pool, const std::vector<int>& must) {
     member_.assign(vsid_.size(), false);
     for (int v : must) member_[v] = true;
-    for (const auto& [op, attrs] : unary_)
+    for (size_t k = 0; k < unary_.size(); ++k) {
+      const auto& [op, attrs] = unary_[k];
       for (int v : must)
-        for (int a : attrs) Emit(st, op, a, v, -1, ShapeOf(v));
-    for (int op : reduce_)
+        if (Wanted(v))
+          for (size_t a = 0; a < attrs.size(); ++a)
+            Emit(st, RankOf(st, 0, k, Pos(v), 0, a), op, attrs[a], v, -1, ShapeOf(v));
+    }
+    for (size_t k = 0; k < reduce_.size(); ++k)
       for (int v : must) {
+        if (!Wanted(v)) continue;
         const Shape& s = ShapeOf(v);
         for (int d = 0; d < s.rank; ++d)
-          if (s.d[d] > 1) Emit(st, op, dim_attr_[d + 1], v, -1, Reduced(s, d));
+          if (s.d[d] > 1)
+            Emit(st, RankOf(st, 1, k, Pos(v), 0, d), reduce_[k], dim_attr_[d + 1], v, -1,
+                 Reduced(s, d));
       }
     Shape r;
-    for (const Bin& b : binary_)
-      for (int u : pool)
-        for (int v : pool) {
-          if ((b.comm && u > v) || (u == v && b.trivial)) continue;
-          if (!member_[u] && !member_[v]) continue;
-          if (Bcast(ShapeOf(u), ShapeOf(v), &r))
-            for (int a : b.attrs) Emit(st, b.op, a, u, v, r);
-        }
+    for (size_t k = 0; k < binary_.size(); ++k) {
+      const Bin& b = binary_[k];
+      Pairs(pool, [&](int u, int v) {
+        if ((b.comm && u > v) || (u == v && b.trivial)) return;
+        if (!member_[u] && !member_[v]) return;
+        if (Bcast(ShapeOf(u), ShapeOf(v), &r))
+          for (size_t a = 0; a < b.attrs.size(); ++a)
+            Emit(st, RankOf(st, 2, k, Pos(u), Pos(v), a), b.op, b.attrs[a], u, v, r);
+      });
+    }
     if (matmul_ >= 0)
-      for (int u : pool)
-        for (int v : pool) {
-          if (!member_[u] && !member_[v]) continue;
-          if (MatmulShape(ShapeOf(u), ShapeOf(v), &r)) Emit(st, matmul_, empty_attr_, u, v, r);
-        }
+      Pairs(pool, [&](int u, int v) {
+        if (!member_[u] && !member_[v]) return;
+        if (MatmulShape(ShapeOf(u), ShapeOf(v), &r))
+          Emit(st, RankOf(st, 3, 0, Pos(u), Pos(v), 0), matmul_, empty_attr_, u, v, r);
+      });
     if (concat_ >= 0)
-      for (int u : pool)
-        for (int v : pool) {
-          if (u == v || (!member_[u] && !member_[v])) continue;
-          for (int d = 0; d < ShapeOf(u).rank; ++d)
-            if (ConcatShape(ShapeOf(u), ShapeOf(v), d, &r))
-              Emit(st, concat_, dim_attr_[d + 1], u, v, r);
-        }
+      Pairs(pool, [&](int u, int v) {
+        if (u == v || (!member_[u] && !member_[v])) return;
+        for (int d = 0; d < ShapeOf(u).rank; ++d)
+          if (ConcatShape(ShapeOf(u), ShapeOf(v), d, &r))
+            Emit(st, RankOf(st, 4, 0, Pos(u), Pos(v), d), concat_, dim_attr_[d + 1], u, v, r);
+      });
   }
 
   void Accumulators(const std::vector<int>& body) {
-    Shape r;
-    for (const Acc& acc : acc_) {
+    for (size_t k = 0; k < acc_.size(); ++k) {
+      const Acc& acc = acc_[k];
       if (acc.rescale) {
-        for (int x : body)
-          for (int m : body)
-            if (x != m && Bcast(ShapeOf(x), ShapeOf(m), &r) && r == ShapeOf(x))
-              Emit(2, acc.op, empty_attr_, x, m, ShapeOf(x));
+        Pairs(body, [&](int x, int m) {
+          Shape r;
+          if (x != m && Bcast(ShapeOf(x), ShapeOf(m), &r) && r == ShapeOf(x))
+            Emit(2, RankOf(2, 0, k, Pos(x), Pos(m), 0), acc.op, empty_attr_, x, m, ShapeOf(x));
+        });
         continue;
       }
       for (int v : body) {
+        if (!Wanted(v)) continue;
         const Shape& s = ShapeOf(v);
-        Emit(2, acc.op, dim_attr_[0], v, -1, s);
+        Emit(2, RankOf(2, 0, k, Pos(v), 0, 0), acc.op, dim_attr_[0], v, -1, s);
         for (int d = 0; d < s.rank; ++d)
-          if (s.d[d] > 1) Emit(2, acc.op, dim_attr_[d + 1], v, -1, Reduced(s, d));
+          if (s.d[d] > 1)
+            Emit(2, RankOf(2, 0, k, Pos(v), 0, d + 1), acc.op, dim_attr_[d + 1], v, -1,
+                 Reduced(s, d));
       }
     }
   }
@@ -527,13 +603,14 @@ class BlockSearch {
   size_t first_new_ = 0;
 
   // scratch
-  std::vector<std::vector<Move>> moves_;
+  std::vector<std::vector<Move>> moves_;  // per depth: the moves of the graph there
+  std::vector<const Move*> applied_;  // per depth: the move applied below it
+  std::vector<Move> fresh_;
   std::vector<Move>* out_ = nullptr;
+  int only_ = -1;
   std::vector<int> inv_, body_, epi_, pool_, dangling_;
   std::vector<bool> member_;
   std::vector<std::vector<std::pair<int, int>>> options_;
-  Key last_key_;
-  int last_out_ = -1;
 
   int64_t states_ = 0, dead_ = 0, duplicates_ = 0;
   std::array<int64_t, kNumCounters> counts_{};

@@ -1,5 +1,7 @@
 // The block-level DFS's hot loop in C++: move generation in canonical order, the canonical
 // key test, the memo of op checks, duplicate and dead-end pruning, and the completion test.
+// A graph's moves are its parent's accepted ones plus those on its newest value, so a move is
+// generated and checked once, where it first appears, not again in every graph below.
 //
 // It is the same search as mirage_jax/search/enumeration/block.py (the reference): the same
 // moves in the same order, the same counters.  Every check that needs abstract terms, the

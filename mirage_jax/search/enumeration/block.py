@@ -102,7 +102,7 @@ class BlockDFS:
     def _search(self, stage: int) -> None:
         """The op-by-op search from the seeded graph (the native DFS overrides it)."""
         try:
-            self._dfs(stage)
+            self._dfs(stage, first=True)
         except Stop:
             self.counters.truncated = True
 
@@ -143,14 +143,21 @@ class BlockDFS:
             c.timed_out = True
             raise Stop
 
-    def _dfs(self, stage: int) -> None:
+    def _dfs(self, stage: int, first: bool = False) -> None:
+        """Extend the graph op by op. A move's checks are counted where it is first proposed:
+        in the first graph, or in the graph whose newest value it reads (below that graph it
+        is the same move, its answer memoized); all of a graph's before any is applied. The
+        native DFS evaluates each move only there, so its counters are these."""
         self._tick()
         if self.n_ops != 0:
             self.found.extend(self.savers.complete(self.nodes))
         if self.n_ops >= self.task.max_ops:
             return
-        for op, ins, attrs, key, shape, st in list(self._moves(stage)):
-            res = self._evaluate(op, ins, attrs, shape, st)
+        newest = len(self.values) - 1
+        moves = [(op, ins, attrs, key, self._evaluate(op, ins, attrs, shape, st,
+                                                      count=first or newest in ins))
+                 for op, ins, attrs, key, shape, st in self._moves(stage)]  # fmt: skip
+        for op, ins, attrs, key, res in moves:
             if res is None:
                 continue
             t, term, phase, lab, sig = res
@@ -288,16 +295,17 @@ class BlockDFS:
                     continue
                 yield op, ins, attrs, key, shape, st
 
-    def _evaluate(self, op, ins, attrs, shape, st) -> tuple | None:
+    def _evaluate(self, op, ins, attrs, shape, st, count: bool) -> tuple | None:
         """(type, term, phase, index info, signature) of a proposed op, or None if a check
-        drops it (counted)."""
+        drops it (counted if ``count``)."""
         sid = self.values.sid
         hit = self.evaluate(op, attrs, tuple(sid[i] for i in ins), shape, st)
         if isinstance(hit, str):
-            c = self.counters
-            setattr(c, hit, getattr(c, hit) + 1)
+            if count:
+                c = self.counters
+                setattr(c, hit, getattr(c, hit) + 1)
             return None
-        self.counters.proposed += 1
+        self.counters.proposed += count
         return hit
 
     def evaluate(self, op, attrs, sids, shape, st) -> tuple | str:
