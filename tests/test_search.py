@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import math
 import multiprocessing
 import time
@@ -54,6 +55,7 @@ from mirage_jax.search.equivalence import (
     ff_check,
     float_check,
 )
+from mirage_jax.search.report import SearchReport
 from mirage_jax.search.runner import REUSED
 
 FNS = {p.name: p.fn for p in programs.programs(1)}
@@ -728,6 +730,60 @@ def test_verification_does_not_start_candidates_that_would_overrun_the_budget(mo
     assert time.time() - begun < 1.0 + 0.3, "a chunk was started that could not end in time"
     assert len(verified) == 1
     assert any("would have taken about" in n for n in found.report.notes), found.report.notes
+
+
+def test_verification_is_bounded_by_work_not_time_and_the_same_with_any_worker_count(
+        monkeypatch):  # fmt: skip
+    """Verification stopped by its clock verified as many candidates as the host managed (2 of
+    6 for qknorm_attn at bs=8 here, fewer on a slower host or on one worker). Its bound is now
+    the tensor elements its checks evaluate, and chunks checked at once count as if checked
+    one by one in rank order: the same verified set with one worker or two, and a failure
+    skips its skeleton's later tilings even within a chunk."""
+    from mirage_jax.search import runner
+    from mirage_jax.search.equivalence import evaluation_size
+
+    captured = []
+    monkeypatch.setattr(runner.Exploration, "_verify",
+                        lambda self, ranked: captured.extend(ranked) or [])  # fmt: skip
+    cfg = fast_config(max_verify=4, time_budget_s=600)
+    found = runner.explore(target_of("rmsnorm_linear"), cfg, cost_model=CpuBackend().cost_model(),
+                           executor=InlineExecutor())  # fmt: skip
+    monkeypatch.undo()
+    assert len(captured) >= 4
+    # the second candidate fails: the others of its skeleton are skipped wherever they are
+    bad = captured[1].skeleton
+    real = runner.verify_worker
+
+    def failing(target, texts, *rest):
+        out = real(target, texts, *rest)
+        return [(dataclasses.replace(ff, ok=False), fl) if t in failed else (ff, fl)
+                for t, (ff, fl) in zip(texts, out)]  # fmt: skip
+
+    failed = {str(runner._fused(c, found.cost).graph) for c in captured if c.skeleton == bad}
+    monkeypatch.setattr(runner, "verify_worker", failing)
+
+    def verified(workers: int, bound: int | None) -> tuple[list[str], list[str]]:
+        found.config = cfg.with_(workers=workers, verify_elements=bound)
+        found.report = SearchReport(target=found.report.target)
+        got = found._verify(captured)
+        return [str(c.graph) for c in got], found.report.notes
+
+    free = verified(1, None)
+    assert verified(2, None) == free and len(free[0]) == 4
+    assert all(c.skeleton != bad for c in captured if str(c.graph) in free[0])
+    # the bound that a one-by-one run spends on its way to the second verified candidate
+    spent, ok, failed_once = 0, 0, False
+    for c in captured:
+        if ok == 2 or (failed_once and c.skeleton == bad):
+            continue
+        spent += (cfg.trials + 1) * evaluation_size(runner._fused(c, found.cost).graph)
+        failed_once |= c.skeleton == bad
+        ok += c.skeleton != bad
+    two, notes = verified(2, spent)
+    assert two == free[0][:2] and verified(1, spent)[0] == two
+    assert any("work bound" in n for n in notes), notes
+    # the first candidate is checked whatever the bound
+    assert verified(2, 1)[0] == free[0][:1]
 
 
 def test_the_float_check_takes_a_rank_0_input():

@@ -89,6 +89,10 @@ class SearchConfig:
     seed: int = 0
     trials: int = 3
     max_verify: int = 6
+    # the verification's deterministic bound: tensor elements its checks may evaluate in all,
+    # each candidate costing ``equivalence.evaluation_size`` x (trials + 1) (the float check
+    # and the field trials); the first candidate is checked whatever it costs (None: no bound)
+    verify_elements: int | None = 700_000_000
     max_skeletons_ranked: int = 24  # skeletons whose every tiling is ranked (others: one)
     float_check: bool = True
     # ranking

@@ -59,7 +59,7 @@ from mirage_jax.interpret.numerics import (
     sample_inputs,
     spread_inputs,
 )
-from mirage_jax.ir.graph import Graph, KernelGraph, Node, ThreadGraph
+from mirage_jax.ir.graph import BlockGraph, Graph, KernelGraph, Node, Phase, ThreadGraph
 from mirage_jax.ir.ops import Op
 from mirage_jax.ir.types import TensorType
 
@@ -104,6 +104,38 @@ class FloatVerdict:
     def __str__(self) -> str:
         return (f"max error {self.max_error:.3g} vs tolerance {self.tolerance:.3g} "
                 f"(scale {self.scale:.3g})")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# cost
+
+
+def evaluation_size(graph: KernelGraph) -> int:
+    """The tensor elements one evaluation of ``graph`` computes, as the interpreters run it: a
+    graph_def's block values once per block, those of its loop body once per iteration too,
+    a thread graph's once per op in it. What a check of the graph costs, counted without a
+    clock, so that a bound on it stops verification at the same candidate on every host."""
+    total = 0
+    for node in graph.nodes:
+        if node.op is Op.GRAPH_DEF:
+            total += _block_size(node.attr("block"))
+        elif node.op is not Op.INPUT:
+            total += sum(graph.types[v].size for v in node.outs)
+    return total
+
+
+def _block_size(block: BlockGraph) -> int:
+    phases = block.phases()
+    per_block = 0
+    for n in block.nodes:
+        if n.op is Op.INPUT_ITER:
+            continue  # a view of its operand
+        size = sum(block.types[v].size for v in n.outs)
+        if n.op is Op.THREAD:
+            size *= max(1, len(n.attr("graph").nodes) - len(n.attr("graph").inputs))
+        looped = n.outs and phases.get(n.outs[0]) is Phase.BODY
+        per_block += size * (block.forloop_range if looped else 1)
+    return per_block * block.num_blocks
 
 
 # ---------------------------------------------------------------------------------------------

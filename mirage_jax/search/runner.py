@@ -16,9 +16,10 @@ The pipeline, top to bottom (each stage timed and counted in the ``SearchReport`
 4. instantiate every distinct skeleton at every concrete tiling, rank the candidates with the
    target backend's analytic cost model (``cost_model``), fuse elementwise chains into
    thread graphs by rule;
-5. verify in rank order until ``max_verify`` candidates are verified: the float check against
-   the float64 target on wide random inputs (cheap at real shapes, and it catches what the
-   field cannot: overflow, cancellation), then finite-field fingerprints
+5. verify in rank order until ``max_verify`` candidates are verified (and the best of every
+   structure class checked) or ``verify_elements`` is spent: the float check against the
+   float64 target on wide random inputs (cheap at real shapes, and it catches what the field
+   cannot: overflow, cancellation), then finite-field fingerprints
    (``equivalence.ff_check_many``); a skeleton rejected once is skipped at its other tilings;
 6. time the best ``top_k_timed`` verified candidates for real (``timer``: the backend's, which
    compiles and takes medians) in ``timing_rounds`` interleaved rounds, each candidate
@@ -30,7 +31,8 @@ Determinism: tasks run in a fixed order, results are merged in task order and ti
 by canonical text, and all random inputs derive from ``seed``: the same config gives the same
 result whichever executor runs the tasks, unless a *time* budget cuts the enumeration. The
 deterministic bounds are ``max_states`` per task and ``max_total_states`` over the tasks in
-task order (a task finished past that cut is dropped, whichever worker finished first); the
+task order (a task finished past that cut is dropped, whichever worker finished first), and
+``verify_elements`` for the verification (its candidates taken as if one by one); the
 stop reason names what ended the enumeration, and only "exhausted" means the result is the
 best within the bounds (``SearchReport.coverage_text``). ``explore`` runs stages 1-5 alone, so
 that several searches can share a cluster and then time their candidates one after another on
@@ -57,6 +59,7 @@ from mirage_jax.search import output_shapes, ranking, skeletons
 from mirage_jax.search.config import SearchConfig, SearchSpace
 from mirage_jax.search.equivalence import (
     FFSpec,
+    evaluation_size,
     false_acceptance_bound,
     pair_degree_bound,
 )
@@ -508,74 +511,63 @@ class Exploration:
 
     # -- verification ------------------------------------------------------------------------
     def _verify(self, ranked: Sequence[Candidate]) -> list[Candidate]:
+        """Check candidates in rank order until ``max_verify`` are verified (and every
+        structure class's best is checked) or the work bound ends it. Chunks of them run on
+        the workers at once, but their results are taken as if one by one in rank order (a
+        candidate whose skeleton an earlier one failed is skipped, even in the same chunk, and
+        the bound counts what a one-by-one run would check): the verified set is the same
+        with any number of workers. The time budget is the safety net behind the bound."""
         cfg = self.config
-        rejected: set[str] = set()
-        verified: list[Candidate] = []
         seed = cfg.seed if cfg.float_check else None
         workers = max(1, cfg.workers)
-        per_worker = 1
-        pos = 0
-        bar = _progress(cfg, min(len(ranked), cfg.max_verify), "verify")
-        degree = 1
         futs = getattr(self, "_digest_futures", None) or []
         digests = [self._collect(f, target_digest_worker, a) for f, a in futs] if futs else None
         deadline = self.start + cfg.time_budget_s * VERIFY_SHARE
         # every structure class's best is verified, beyond max_verify if need be: an exhausted
         # search offers more classes than a truncated one, and the cost model orders classes
         # least reliably; ``diversify`` ranked the best of each class first
-        classes = len({ranking.structure(c.graph) for c in ranked})
+        run = _Verification(cfg, len({ranking.structure(c.graph) for c in ranked}))
+        bar = _progress(cfg, min(len(ranked), cfg.max_verify), "verify")
         chunk_s = 0.0  # the last chunk's wall time: the next one takes about as long
         try:
-            while pos < len(ranked) and (len(verified) < cfg.max_verify or pos < classes):
-                if verified and time.time() + chunk_s > deadline:
+            while run.wants_more(len(ranked)):
+                if run.verified and time.time() + chunk_s > deadline:
                     self.report.notes.append(
                         "verification stopped by the time budget (the next candidates would "
                         f"have taken about {chunk_s:.0f}s more)")  # fmt: skip
                     break
                 started = time.time()
-                want = min(workers * per_worker,
-                           max(cfg.max_verify - len(verified), classes - pos))  # fmt: skip
-                chunk: list[Candidate] = []
-                while pos < len(ranked) and len(chunk) < want:
-                    c = ranked[pos]
-                    pos += 1
-                    if c.skeleton in rejected:
-                        self.report.skipped_rejected_skeleton += 1
-                        continue
-                    chunk.append(_fused(c, self.cost))
+                ranks = run.next_chunk(ranked, workers, self.cost)
+                if not ranks:  # past the bound, or only failed skeletons left
+                    self.report.skipped_rejected_skeleton += run.tail_skipped
+                    break
+                chunk = [c for _, c in ranks]
                 groups = [chunk[k::workers] for k in range(workers) if chunk[k::workers]]
                 batches = [(self.text, [str(c.graph) for c in grp], self.spec, seed, digests)
                            for grp in groups]  # fmt: skip
                 futs = [self._submit(verify_worker, *args) for args in batches]
-                pairs = [(c, v) for grp, fut, args in zip(groups, futs, batches)
-                         for c, v in zip(grp, self._collect(fut, verify_worker, args))]  # fmt: skip
+                results = {id(c): v for grp, fut, args in zip(groups, futs, batches)
+                           for c, v in zip(grp, self._collect(fut, verify_worker, args))}  # fmt: skip
                 chunk_s = time.time() - started
-                rank = {id(c): k for k, c in enumerate(chunk)}
-                pairs.sort(key=lambda cv: rank[id(cv[0])])
-                for c, (ff, fl) in pairs:
-                    self.report.ff_checked += 1
-                    degree = max(degree, pair_degree_bound(self.target, c.graph))
-                    c = Candidate(c.graph, c.estimate_s, c.skeleton, ff, fl)
-                    if fl is not None and not fl.ok:
-                        self.report.float_rejected += 1
-                        rejected.add(c.skeleton)
-                        log.debug("float check rejected %s: %s", c.summary(), fl)
-                    elif not ff.ok:
-                        self.report.ff_rejected += 1
-                        rejected.add(c.skeleton)
-                        log.debug("finite field rejected %s:\n%s", c.summary(), c.graph)
-                    else:
-                        verified.append(c)
-                        if bar is not None:
-                            bar.update(1)
+                for k, c in ranks:
+                    before = len(run.verified)
+                    if not run.take(k, c, results[id(c)], len(ranked), self.report,
+                                    self.target):  # fmt: skip
+                        break
+                    if bar is not None and len(run.verified) > before:
+                        bar.update(1)
         finally:
             if bar is not None:
                 bar.close()
-        self.report.verified = len(verified)
+        if run.bounded:
+            self.report.notes.append(
+                f"verification stopped by its work bound (SearchConfig.verify_elements = "
+                f"{cfg.verify_elements:,} tensor elements) after {run.checked} candidate(s)")
+        self.report.verified = len(run.verified)
         self.report.trials = cfg.trials
-        self.report.degree = degree
-        self.report.false_acceptance_bound = false_acceptance_bound(degree, self.spec)
-        return verified
+        self.report.degree = run.degree
+        self.report.false_acceptance_bound = false_acceptance_bound(run.degree, self.spec)
+        return run.verified
 
     # -- timing and the choice ------------------------------------------------------------------
     def _choose(self, verified: list[Candidate]) -> tuple[KernelGraph, list[Candidate]]:
@@ -649,6 +641,93 @@ class Exploration:
         r.best_estimate_s = top.estimate_s
         r.best_measured_s = top.measured_s
         log.debug("best: %s", r.best_summary)
+
+
+class _Verification:
+    """The one-by-one semantics of ``Exploration._verify``: which candidates come next, and
+    what a checked one's result does (verified, or rejected with its skeleton), until the
+    wanted number is verified or the next check would pass the work bound."""
+
+    def __init__(self, config: SearchConfig, classes: int) -> None:
+        self.config, self.classes = config, classes
+        self.pos = 0  # the rank of the next candidate (those before it checked or skipped)
+        self.checked = 0
+        self.spent = 0  # tensor elements the checks evaluated
+        self.degree = 1
+        self.bounded = False
+        self.verified: list[Candidate] = []
+        self.rejected: set[str] = set()
+        self.tail_skipped = 0  # failed skeletons passed by a chunk that found no candidate
+
+    def wants_more(self, n: int) -> bool:
+        """Whether a one-by-one run at ``pos`` of ``n`` candidates looks at the next."""
+        need = len(self.verified) < self.config.max_verify or self.pos < self.classes
+        return not self.bounded and self.pos < n and need
+
+    def cost(self, c: Candidate) -> int:
+        return evaluation_size(c.graph) * (self.config.trials + 1)
+
+    def _over(self, cost: int, spent: int) -> bool:
+        # as the time budget, the bound stops nothing before a candidate is verified
+        bound = self.config.verify_elements
+        return bound is not None and bool(self.verified) and spent + cost > bound
+
+    def next_chunk(self, ranked: Sequence[Candidate], workers: int, cost_model: CostModel
+                   ) -> list[tuple[int, Candidate]]:  # fmt: skip
+        """The next (rank, candidate) pairs to check at once, each fused as it will run: as
+        many as are still wanted, one per worker at most, skipping failed skeletons, none past
+        the bound."""
+        cfg = self.config
+        want = min(workers, max(cfg.max_verify - len(self.verified), self.classes - self.pos))
+        chunk: list[tuple[int, Candidate]] = []
+        spent = self.spent
+        self.tail_skipped = 0
+        for k in range(self.pos, len(ranked)):
+            c = ranked[k]
+            if len(chunk) == want:
+                break
+            if c.skeleton in self.rejected:
+                self.tail_skipped += not chunk
+                continue
+            c = _fused(c, cost_model)
+            if self._over(self.cost(c), spent):
+                self.bounded = not chunk  # else the chunk's results decide
+                break
+            spent += self.cost(c)
+            chunk.append((k, c))
+        return chunk
+
+    def take(self, k: int, c: Candidate, result: tuple[Any, Any], n: int,
+             report: SearchReport, target: KernelGraph) -> bool:  # fmt: skip
+        """Account the check of ``ranked[k]`` (of ``n``) as a one-by-one run would: False
+        when the verification ends before it."""
+        report.skipped_rejected_skeleton += k - self.pos  # skipped while the chunk was chosen
+        self.pos = k
+        if not self.wants_more(n):
+            return False
+        if c.skeleton in self.rejected:  # an earlier candidate of its chunk failed
+            report.skipped_rejected_skeleton += 1
+            self.pos = k + 1
+            return True
+        if self._over(self.cost(c), self.spent):
+            self.bounded = True
+            return False
+        self.pos, self.checked, self.spent = k + 1, self.checked + 1, self.spent + self.cost(c)
+        ff, fl = result
+        report.ff_checked += 1
+        self.degree = max(self.degree, pair_degree_bound(target, c.graph))
+        c = Candidate(c.graph, c.estimate_s, c.skeleton, ff, fl)
+        if fl is not None and not fl.ok:
+            report.float_rejected += 1
+            self.rejected.add(c.skeleton)
+            log.debug("float check rejected %s: %s", c.summary(), fl)
+        elif not ff.ok:
+            report.ff_rejected += 1
+            self.rejected.add(c.skeleton)
+            log.debug("finite field rejected %s:\n%s", c.summary(), c.graph)
+        else:
+            self.verified.append(c)
+        return True
 
 
 def _state_cut(results: Sequence[en.BlockResult | None], budget: int | None) -> int:
