@@ -51,7 +51,7 @@ def search_once(graph, workers: int, pinned: bool) -> dict:
     return {
         "stop": rep.stop_reason, "states": rep.states, "verified": len(res.verified),
         "set": _digest(sorted(str(c.graph) for c in res.verified)),
-        "best": _digest([str(res.graph)]), "seconds": seconds,
+        "best": _digest([str(res.best)]), "seconds": seconds,
         "clock": [n for n in rep.notes if "time budget" in n],
     }  # fmt: skip
 
