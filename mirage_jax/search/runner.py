@@ -537,11 +537,10 @@ class Exploration:
                         f"have taken about {chunk_s:.0f}s more)")  # fmt: skip
                     break
                 started = time.time()
-                ranks = run.next_chunk(ranked, workers, self.cost)
-                if not ranks:  # past the bound, or only failed skeletons left
-                    self.report.skipped_rejected_skeleton += run.tail_skipped
+                ranks = run.next_chunk(ranked, workers, self.cost, self.report)
+                if not ranks:  # past the bound, or nothing more wanted
                     break
-                chunk = [c for _, c in ranks]
+                chunk = [c for _, c, _ in ranks]
                 groups = [chunk[k::workers] for k in range(workers) if chunk[k::workers]]
                 batches = [(self.text, [str(c.graph) for c in grp], self.spec, seed, digests)
                            for grp in groups]  # fmt: skip
@@ -549,9 +548,9 @@ class Exploration:
                 results = {id(c): v for grp, fut, args in zip(groups, futs, batches)
                            for c, v in zip(grp, self._collect(fut, verify_worker, args))}  # fmt: skip
                 chunk_s = time.time() - started
-                for k, c in ranks:
+                for k, c, cost in ranks:
                     before = len(run.verified)
-                    if not run.take(k, c, results[id(c)], len(ranked), self.report,
+                    if not run.take(k, c, cost, results[id(c)], len(ranked), self.report,
                                     self.target):  # fmt: skip
                         break
                     if bar is not None and len(run.verified) > before:
@@ -657,50 +656,49 @@ class _Verification:
         self.bounded = False
         self.verified: list[Candidate] = []
         self.rejected: set[str] = set()
-        self.tail_skipped = 0  # failed skeletons passed by a chunk that found no candidate
 
     def wants_more(self, n: int) -> bool:
         """Whether a one-by-one run at ``pos`` of ``n`` candidates looks at the next."""
         need = len(self.verified) < self.config.max_verify or self.pos < self.classes
         return not self.bounded and self.pos < n and need
 
-    def cost(self, c: Candidate) -> int:
-        return evaluation_size(c.graph) * (self.config.trials + 1)
-
     def _over(self, cost: int, spent: int) -> bool:
         # as the time budget, the bound stops nothing before a candidate is verified
         bound = self.config.verify_elements
         return bound is not None and bool(self.verified) and spent + cost > bound
 
-    def next_chunk(self, ranked: Sequence[Candidate], workers: int, cost_model: CostModel
-                   ) -> list[tuple[int, Candidate]]:  # fmt: skip
-        """The next (rank, candidate) pairs to check at once, each fused as it will run: as
-        many as are still wanted, one per worker at most, skipping failed skeletons, none past
-        the bound."""
+    def next_chunk(self, ranked: Sequence[Candidate], workers: int, cost_model: CostModel,
+                   report: SearchReport) -> list[tuple[int, Candidate, int]]:  # fmt: skip
+        """The next (rank, candidate, cost) triples to check at once, each candidate fused as
+        it will run: as many as are still wanted, one per worker at most, skipping failed
+        skeletons, none past the bound."""
+        while self.wants_more(len(ranked)) and ranked[self.pos].skeleton in self.rejected:
+            report.skipped_rejected_skeleton += 1
+            self.pos += 1
+        if not self.wants_more(len(ranked)):
+            return []
         cfg = self.config
         want = min(workers, max(cfg.max_verify - len(self.verified), self.classes - self.pos))
-        chunk: list[tuple[int, Candidate]] = []
+        chunk: list[tuple[int, Candidate, int]] = []
         spent = self.spent
-        self.tail_skipped = 0
         for k in range(self.pos, len(ranked)):
-            c = ranked[k]
             if len(chunk) == want:
                 break
-            if c.skeleton in self.rejected:
-                self.tail_skipped += not chunk
+            if ranked[k].skeleton in self.rejected:
                 continue
-            c = _fused(c, cost_model)
-            if self._over(self.cost(c), spent):
+            c = _fused(ranked[k], cost_model)
+            cost = evaluation_size(c.graph) * (cfg.trials + 1)
+            if self._over(cost, spent):
                 self.bounded = not chunk  # else the chunk's results decide
                 break
-            spent += self.cost(c)
-            chunk.append((k, c))
+            spent += cost
+            chunk.append((k, c, cost))
         return chunk
 
-    def take(self, k: int, c: Candidate, result: tuple[Any, Any], n: int,
+    def take(self, k: int, c: Candidate, cost: int, result: tuple[Any, Any], n: int,
              report: SearchReport, target: KernelGraph) -> bool:  # fmt: skip
-        """Account the check of ``ranked[k]`` (of ``n``) as a one-by-one run would: False
-        when the verification ends before it."""
+        """Account the check of ``ranked[k]`` (of ``n``; ``cost``: its tensor elements) as a
+        one-by-one run would: False when the verification ends before it."""
         report.skipped_rejected_skeleton += k - self.pos  # skipped while the chunk was chosen
         self.pos = k
         if not self.wants_more(n):
@@ -709,10 +707,10 @@ class _Verification:
             report.skipped_rejected_skeleton += 1
             self.pos = k + 1
             return True
-        if self._over(self.cost(c), self.spent):
+        if self._over(cost, self.spent):
             self.bounded = True
             return False
-        self.pos, self.checked, self.spent = k + 1, self.checked + 1, self.spent + self.cost(c)
+        self.pos, self.checked, self.spent = k + 1, self.checked + 1, self.spent + cost
         ff, fl = result
         report.ff_checked += 1
         self.degree = max(self.degree, pair_degree_bound(target, c.graph))
