@@ -41,7 +41,10 @@ class Identities:
         return sid
 
     def sig(self, t: TensorType, term: Any, phase: int, labels: Any) -> Any:
-        return (self.hasher(term)[0], t.shape, phase, labels)
+        # the index info less its carry: the carry is structural (``h + (x - h)`` carries h)
+        # and would keep a recomputation of ``x`` apart from ``x`` itself
+        index = None if labels is None else (labels.labels, labels.pending, labels.maxpend)
+        return (self.hasher(term)[0], t.shape, phase, index)
 
 
 class BlockValues:
