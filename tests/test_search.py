@@ -193,15 +193,20 @@ def _silu_matmul() -> KernelGraph:
     return kb.build()
 
 
-def _rsqrt_sumsq() -> KernelGraph:
+def _rsqrt_sumsq(rows: int = 4) -> KernelGraph:
     kb = KernelBuilder()
-    x = kb.input(TensorType((4, 8), F32))
+    x = kb.input(TensorType((rows, 8), F32))
     s = kb.apply(Op.REDUCE_SUM, kb.apply(Op.MUL, x, x), dim=1)
     kb.output(kb.apply(Op.RSQRT, s))
     return kb.build()
 
 
-@pytest.mark.parametrize("make", [_silu_matmul, _rsqrt_sumsq], ids=["silu_matmul", "rsqrt"])
+@pytest.mark.parametrize(
+    "make", [_silu_matmul, _rsqrt_sumsq, lambda: _rsqrt_sumsq(rows=2)],
+    # two rows: a loop over them holds one row per iteration (the index analysis's broadcast
+    # rule, ``_elementwise_labels``, has tasks to prune)
+    ids=["silu_matmul", "rsqrt", "rsqrt_row_tiles"],
+)
 def test_pruning_never_removes_a_graph_the_unpruned_search_verifies(make):
     target = make()
     pruned = _verified_texts(target, prune=True)
@@ -647,6 +652,36 @@ def test_index_analysis_rejects_what_size_only_terms_accept():
     assert en._labels_match(out, idx.outputs[0])
     assert en.is_max_shifted(en._abstract().add(en._abstract().var(0), en._abstract().mul(
         en._abstract().rmax(en._abstract().var(0)), en._abstract().const(-1))))  # fmt: skip
+
+
+def test_index_analysis_rejects_one_loop_index_broadcast_over_its_whole_range():
+    target = _rsqrt_sumsq(rows=8)
+    idx = en.IndexAnalysis(target)
+    (x,) = idx.inputs
+    rows = x.labels[0]
+    chk = idx.checker(loop_class=rows)  # a loop over the 8 rows: a tile holds one of them
+    tile = chk.step(Op.MUL, (), [x, x], [(1, 8), (1, 8)], (1, 8), body=True)
+    assert tile.labels == (rows, x.labels[1])  # the size-1 dim keeps its class
+    # row i of the tile times every row j of the whole operand: no target pairs them
+    with pytest.raises(en._Conflict):
+        chk.step(Op.MUL, (), [tile, x], [(1, 8), (8, 8)], (8, 8), body=True)
+
+
+def test_a_recomputed_value_is_a_duplicate_whatever_inputs_its_formula_mentions():
+    from mirage_jax.search.enumeration.index import IndexInfo
+    from mirage_jax.search.enumeration.values import Identities
+
+    ab = en._abstract()
+    x, h = ab.var(0), ab.var(1)
+    again = ab.add(h, ab.add(x, ab.mul(h, ab.const(-1))))  # h + (x - h)
+    t = TensorType((4, 8), F32)
+    ids = Identities()
+    # the index carry is structural: h + (x - h) carries h, x does not
+    plain = IndexInfo(("r", "c"), ((("r", 0), 1), (("c", 0), 1)))
+    mentions_h = IndexInfo(("r", "c"), ((("r", 0), 1), (("r", 1), 1), (("c", 0), 1), (("c", 1), 1)))
+    assert ids.sig(t, x, 1, plain) == ids.sig(t, again, 1, mentions_h)
+    assert ids.sig(t, x, 1, plain) != ids.sig(t, h, 1, plain)
+    assert ids.sig(t, x, 1, plain) != ids.sig(t, x, 3, plain)  # another phase
 
 
 def test_canonical_form_identifies_reorderings():

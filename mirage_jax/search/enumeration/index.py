@@ -118,8 +118,11 @@ class IndexAnalysis:
                 continue
             shapes = [target.types[i].shape for i in n.ins]
             ins = [self._canon(infos[i]) for i in n.ins]
-            out = index_step(n.op, n.attr_dict, ins, shapes, target.types[n.outs[0]].shape,
-                             self._union, self._record)  # fmt: skip
+            try:
+                out = index_step(n.op, n.attr_dict, ins, shapes,
+                                 target.types[n.outs[0]].shape, self._union, self._record)
+            except Conflict:  # not expected of a target: analyse nothing rather than guess
+                out = None
             if out is None:
                 self.enabled = False
                 return
@@ -248,16 +251,22 @@ def _maxpend(infos: Sequence[IndexInfo]) -> frozenset[Any]:
 
 
 def _elementwise_labels(infos, shapes, out_shape, unify) -> tuple[Any, ...]:
+    """The labels of an elementwise result. A size-1 dim with a class is a tile holding one
+    index of it (a loop split as fine as the extent): broadcast against a range of that
+    class it pairs one index with all of them, which no target has (its size-1 dims carry
+    no class), and its class stays on the result so that a later op still sees it."""
     if len(infos) == 1:
         return infos[0].labels
     out = []
     for d, s in enumerate(out_shape):
         lab = None
         for info, sh in zip(infos, shapes):
-            if sh[d] > 1:
-                x = info.labels[d]
+            x = info.labels[d]
+            if x is not None and (sh[d] > 1) == (s > 1):
                 lab = x if lab is None else unify(lab, x)
-        out.append(lab if s > 1 else None)
+        if s > 1 and any(sh[d] == 1 and i.labels[d] is not None for i, sh in zip(infos, shapes)):
+            raise Conflict
+        out.append(lab)
     return tuple(out)
 
 
@@ -294,9 +303,10 @@ def _matmul_info(infos, shapes, unify, event, loop_class) -> IndexInfo:
     sa, sb = shapes
     if a.pending and b.pending:
         raise Conflict
-    batch = tuple(
-        unify(x, y) if sa[d] > 1 and sb[d] > 1 else (x if sa[d] > 1 else y)
-        for d, (x, y) in enumerate(zip(a.labels[:-2], b.labels[:-2]))
+    # batch dims broadcast as an elementwise op's do (one loop index against a range: Conflict)
+    batch = _elementwise_labels(
+        [IndexInfo(a.labels[:-2]), IndexInfo(b.labels[:-2])], [sa[:-2], sb[:-2]],
+        tuple(max(x, y) for x, y in zip(sa[:-2], sb[:-2])), unify,
     )  # fmt: skip
     carry = _carry_merge(infos, "add")
     pending = a.pending | b.pending
@@ -352,8 +362,8 @@ def _accumulate(op, attrs, infos, shapes, out_shape, unify, event, loop_class) -
         return IndexInfo(tuple(labels), carry, frozenset(pending))
     if loop_class is not None and loop_class in labels:
         d = labels.index(loop_class)
-        if kind == "max":
-            event("max", loop_class, carry)
+        if kind == "max" or shapes[0][d] == 1:  # a one-index tile: the loop sums them all
+            event(kind, loop_class, carry)
             labels[d] = None  # an elementwise max over chunks, then reduced: the same max
             return IndexInfo(tuple(labels), _carry_drop(carry, loop_class), frozenset(pending))
         labels[d] = ("fold", loop_class)
