@@ -42,10 +42,21 @@ class InlineExecutor(cf.Executor):
 
 def default_executor(workers: int) -> cf.Executor:
     """``workers`` fresh interpreters that import only ``mirage_jax`` (see ``_MainlessPopen``),
-    or the inline executor for ``workers <= 1``."""
+    but no more than the CPUs this process may run on, or the inline executor for one.
+
+    Results do not depend on the executor; a second process on the same CPU would only add
+    its start-up, its own e-graph and memory to the time the enumeration's clock sees."""
+    workers = min(workers, usable_cpus())
     if workers <= 1:
         return InlineExecutor()
     return cf.ProcessPoolExecutor(workers, mp_context=_MAINLESS)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. under ``taskset``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 # The pool's processes must start clean and must not run the user's program again.
