@@ -65,6 +65,7 @@ from mirage_jax.search.equivalence import (
 )
 from mirage_jax.search.report import Candidate, SearchReport, SearchResult, summarize
 from mirage_jax.search.workers import (
+    InlineExecutor,
     TaskLost,
     block_worker,
     default_executor,
@@ -175,8 +176,11 @@ class Exploration:
         self.cost = cost_model
         self.timer: Timer | None = None
         self.baseline: Callable[[], float] | None = None
+        # the processes that run tasks: one when they run here (``default_executor`` runs
+        # them here on a single usable CPU, whatever ``workers`` says)
+        workers = 1 if isinstance(executor, InlineExecutor) else config.workers
         self.report = SearchReport(target=summarize(target), cost_model=repr(cost_model),
-                                   workers=config.workers)  # fmt: skip
+                                   workers=workers)  # fmt: skip
         self.lost = 0  # task losses (each retry that was lost again counts)
         self.start = time.time()
         self.deadline = self.start + config.time_budget_s
@@ -531,15 +535,16 @@ class Exploration:
         chunk_s = 0.0  # the last chunk's wall time: the next one takes about as long
         try:
             while run.wants_more(len(ranked)):
+                ranks = run.next_chunk(ranked, workers, self.cost, self.report)
+                if not ranks:  # past the bound, or nothing more wanted
+                    break
+                # the clock only where the bound would go on: then the host decides
                 if run.verified and time.time() + chunk_s > deadline:
                     self.report.notes.append(
                         "verification stopped by the time budget (the next candidates would "
                         f"have taken about {chunk_s:.0f}s more)")  # fmt: skip
                     break
                 started = time.time()
-                ranks = run.next_chunk(ranked, workers, self.cost, self.report)
-                if not ranks:  # past the bound, or nothing more wanted
-                    break
                 chunk = [c for _, c, _ in ranks]
                 groups = [chunk[k::workers] for k in range(workers) if chunk[k::workers]]
                 batches = [(self.text, [str(c.graph) for c in grp], self.spec, seed, digests)
@@ -691,6 +696,9 @@ class _Verification:
             if self._over(cost, spent):
                 self.bounded = not chunk  # else the chunk's results decide
                 break
+            bound = cfg.verify_elements
+            if chunk and bound is not None and spent + cost > bound:
+                break  # checked only if all before it fail: not worth a worker beside them
             spent += cost
             chunk.append((k, c, cost))
         return chunk
