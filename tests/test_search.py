@@ -684,6 +684,23 @@ def test_a_recomputed_value_is_a_duplicate_whatever_inputs_its_formula_mentions(
     assert ids.sig(t, x, 1, plain) != ids.sig(t, x, 3, plain)  # another phase
 
 
+def test_a_normalised_row_is_not_mistaken_for_a_constant():
+    """Value numbering took ``sum(n, x)`` for ``n * x``: then ``e / sum(e)`` hashed to 1/n, a
+    constant, and the block search dropped every softmax (0 candidates for a softmax region)."""
+    from mirage_jax.search.enumeration.values import BlockValues
+
+    ab = en._abstract()
+    e = ab.exp(ab.var(0))
+    assert not BlockValues().is_constant(ab.mul(e, ab.inv(ab.sum_(8, e))))
+    assert BlockValues().is_constant(ab.add(e, ab.mul(e, ab.const(-1))))  # e - e still is
+    kb = KernelBuilder()
+    x = kb.input(TensorType((4, 8), F32))
+    ex = kb.apply(Op.EXP, kb.apply(Op.SUB, x, kb.apply(Op.REDUCE_MAX, x, dim=1)))
+    kb.output(kb.apply(Op.DIV, ex, kb.apply(Op.REDUCE_SUM, ex, dim=1)))
+    result = superoptimize(kb.build(), fast_config(max_tasks=None), executor=InlineExecutor())
+    assert any(c.graph.nodes_of(Op.GRAPH_DEF) for c in result.verified), str(result.report)
+
+
 def test_canonical_form_identifies_reorderings():
     b = BlockBuilder((1, 1, 1), 1, (TensorType((4, 8), F32),))
     x = b.input_iter(0, (-1, -1, -1))

@@ -31,9 +31,10 @@ class TermHasher:
     Terms with equal values are equal as functions with high probability: this numbers
     values, so that the enumeration can drop a new tensor that recomputes an existing one
     (``h + (x - h)``) or a constant (``x - x``). Two evaluations with independent inputs tell
-    constants apart. exp, sqrt, rmax, max, concat and named functions are uninterpreted (a
-    hash of their argument's value): equal terms still get equal values, which is all the
-    numbering needs.
+    constants apart. exp, sqrt, rmax, max, sum, concat and named functions are uninterpreted
+    (a hash of their argument's value): equal terms still get equal values, which is all the
+    numbering needs. A sum must be: as ``n * x`` it would make ``x / sum(x)`` (softmax, an
+    L1 normalisation) the constant ``1/n``, which it is only on rows of equal values.
     """
 
     def __init__(self, seed: int = 0x5EED) -> None:
@@ -75,8 +76,6 @@ class TermHasher:
             return out
         if h == "inv":
             return pow(args[0], -1, P) if args[0] else 0
-        if h == "sum":
-            return int(t.param) * args[0] % P
         tag = zlib_crc(f"{h}:{t.param}")
         if h == "max":
             args = sorted(args)
