@@ -701,6 +701,27 @@ def test_a_normalised_row_is_not_mistaken_for_a_constant():
     assert any(c.graph.nodes_of(Op.GRAPH_DEF) for c in result.verified), str(result.report)
 
 
+def test_the_oracle_accepts_every_step_of_the_target():
+    """``x - mean(x)`` normalises to ``x + sum(x) * -1/n``, in which the mean is no subterm:
+    the oracle built from the outputs alone rejected the target's own mean, and a layernorm
+    region searched to "exhausted" with no candidate at all."""
+    from mirage_jax.search.abstract import SubexprOracle, kernel_terms
+
+    kb = KernelBuilder()
+    x = kb.input(TensorType((4, 8), F32))
+    mean = kb.apply(Op.MUL_SCALAR, kb.apply(Op.REDUCE_SUM, x, dim=1), scalar=0.125)
+    xc = kb.apply(Op.SUB, x, mean)
+    var = kb.apply(Op.MUL_SCALAR, kb.apply(Op.REDUCE_SUM, kb.apply(Op.SQUARE, xc), dim=1),
+                   scalar=0.125)  # fmt: skip
+    kb.output(kb.apply(Op.MUL, xc, kb.apply(Op.RSQRT, kb.apply(Op.ADD_SCALAR, var,
+                                                                scalar=1e-5))))  # fmt: skip
+    target = kb.build()
+    oracle = SubexprOracle(target)
+    assert all(oracle.contains(t) for t in kernel_terms(target).values())
+    result = superoptimize(target, fast_config(max_tasks=8), executor=InlineExecutor())
+    assert any(c.graph.nodes_of(Op.GRAPH_DEF) for c in result.verified), str(result.report)
+
+
 def test_canonical_form_identifies_reorderings():
     b = BlockBuilder((1, 1, 1), 1, (TensorType((4, 8), F32),))
     x = b.input_iter(0, (-1, -1, -1))

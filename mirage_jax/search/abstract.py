@@ -527,6 +527,18 @@ def output_terms(graph: KernelGraph) -> tuple[Term, ...]:
 # the oracle
 
 
+def _roots(target: KernelGraph | Sequence[Term], outputs: tuple[Term, ...]) -> list[Term]:
+    """The e-graph's roots: the outputs, then every value the target computes. The terms'
+    normal form can hide a value inside its users (x - mean(x) is ``x + sum(x) * -1/n``, in
+    which ``sum(x) * 1/n`` is no subterm), and a candidate must at least be allowed the
+    target's own steps."""
+    if not isinstance(target, KernelGraph):
+        return list(outputs)
+    roots = dict.fromkeys(outputs)
+    roots.update(dict.fromkeys(t for t in kernel_terms(target).values() if _has_var(t)))
+    return list(roots)
+
+
 def _has_var(term: Term) -> bool:
     return any(t.head == "var" for t in term.subterms())
 
@@ -555,7 +567,8 @@ class SubexprOracle:
         )
         self.budget = budget or SaturationBudget()
         self.stats = OracleStats()
-        self._index = saturate(self.targets, self.budget, self.stats, keep_egraph=keep_egraph)
+        self._index = saturate(_roots(target, self.targets), self.budget, self.stats,
+                               keep_egraph=keep_egraph)  # fmt: skip
         self._outputs = tuple(self._index.class_of(t) for t in self.targets)
         self._answers: dict[Term, bool] = {}
 
