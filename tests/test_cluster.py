@@ -127,8 +127,8 @@ def test_lost_tasks_are_sent_again_run_here_or_reported_as_not_run():
 
     def lose_first_task(fn, n, args):
         if fn is block_worker:
-            first.setdefault("task", args[2])
-            return args[2] is first["task"]
+            first.setdefault("task", args[2][0])  # a chunk of tasks: the first chunk, one
+            return args[2][0] is first["task"]
         return False
 
     got = superoptimize(target, config, executor=LosingExecutor(lose_first_task),
@@ -256,3 +256,30 @@ def test_cli_rejects_a_bad_dask_spec_before_searching(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "local:N with N >= 1" in err and "remedy" in err
+
+
+class CountingExecutor(cf.Executor):
+    """Runs each call when submitted, as a remote executor would be used (not inline: the
+    search sends its block tasks in chunks), and counts the calls."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.calls[fn.__name__] = self.calls.get(fn.__name__, 0) + 1
+        fut: cf.Future = cf.Future()
+        fut.set_result(fn(*args, **kwargs))
+        return fut
+
+
+def test_block_tasks_travel_in_chunks_and_the_search_is_the_same():
+    target = target_of("lora")
+    config = CONFIG.with_(workers=1, max_tasks=None)
+    want = superoptimize(target, config, executor=InlineExecutor(), timer=lambda g: None)
+    counting = CountingExecutor()
+    got = superoptimize(target, config, executor=counting, timer=lambda g: None)
+    assert_same_search(got, want)
+    assert want.report.tasks > 100, str(want.report)
+    # sub-millisecond tasks: tens to a call once a few have run, not one round trip each
+    calls = counting.calls["block_worker"]
+    assert calls < want.report.tasks / 10, (calls, want.report.tasks)

@@ -128,9 +128,9 @@ def superoptimize(
     ``cost_model``: ranks the candidates (the target backend's, e.g. ``Backend.cost_model()``).
     ``executor``: where enumeration and verification tasks run (default: a process pool of
     ``config.workers``). ``timer``: measures a candidate on the target backend (e.g.
-    ``Backend.timer()``); without one nothing is timed and the cost model alone picks. ``baseline``: seconds of the reference (e.g.
-    ``jax.jit`` of the region), measured in this process; the winner replaces the target only
-    if it is faster. ``mirage_jax.superoptimize`` fills these in from a backend.
+    ``Backend.timer()``); without one nothing is timed and the cost model alone picks.
+    ``baseline``: seconds of the reference (e.g. ``jax.jit`` of the region), measured in this
+    process; the winner replaces the target only if it is faster. ``mirage_jax.superoptimize`` fills these in from a backend.
     """
     _check_target(kernel_graph)
     config = config or SearchConfig()
@@ -178,9 +178,9 @@ class Exploration:
         self.baseline: Callable[[], float] | None = None
         # the processes that run tasks: one when they run here (``default_executor`` runs
         # them here on a single usable CPU, whatever ``workers`` says)
-        workers = 1 if isinstance(executor, InlineExecutor) else config.workers
+        self.workers = 1 if isinstance(executor, InlineExecutor) else max(1, config.workers)
         self.report = SearchReport(target=summarize(target), cost_model=repr(cost_model),
-                                   workers=workers)  # fmt: skip
+                                   workers=self.workers)  # fmt: skip
         self.lost = 0  # task losses (each retry that was lost again counts)
         self.start = time.time()
         self.deadline = self.start + config.time_budget_s
@@ -359,15 +359,18 @@ class Exploration:
                    ) -> tuple[list[en.BlockResult | None], list[int]]:  # fmt: skip
         """Every task's result (None: not sent) and the tasks lost with their workers.
 
-        Tasks are sent in priority order, a window at a time, until the enumeration's share of
-        the time budget ends or the finished tasks' states reach ``max_total_states`` (tasks
-        past either are never sent: sending thousands of no-op tasks costs seconds)."""
+        Tasks are sent in priority order, in chunks (``_Chunker``), a window at a time, until
+        the enumeration's share of the time budget ends or the finished tasks' states reach
+        ``max_total_states`` (tasks past either are never sent: sending thousands of no-op
+        tasks costs seconds)."""
         cfg = self.config
         deadline = self.start + cfg.time_budget_s * ENUMERATION_SHARE
         budget = cfg.max_total_states
         results: list[en.BlockResult | None] = [None] * len(tasks)
-        window = max(2, 4 * max(1, cfg.workers))
-        pending: dict[cf.Future, tuple[int, int]] = {}  # future -> (task, attempt)
+        window = max(2, 4 * self.workers)
+        chunker = _Chunker(self.workers, isinstance(self.executor, InlineExecutor))
+        # future -> (its first task's index, its tasks, attempt)
+        pending: dict[cf.Future, tuple[int, list[en.BlockTask], int]] = {}
         lost: list[int] = []
         nxt = states = 0
         bar = _progress(cfg, len(tasks), "enumerate")
@@ -375,29 +378,32 @@ class Exploration:
             while nxt < len(tasks) or pending:
                 while (nxt < len(tasks) and len(pending) < window and time.time() < deadline
                        and (budget is None or states < budget)):  # fmt: skip
-                    fut = self._submit(block_worker, self.text, cfg, tasks[nxt], deadline)
-                    pending[fut] = (nxt, 0)
-                    nxt += 1
+                    sent = list(tasks[nxt:nxt + chunker.size(len(tasks) - nxt)])
+                    fut = self._submit(block_worker, self.text, cfg, sent, deadline)
+                    pending[fut] = (nxt, sent, 0)
+                    nxt += len(sent)
                 if not pending:
                     break
                 done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
                 for fut in done:
-                    k, attempt = pending.pop(fut)
+                    k, sent, attempt = pending.pop(fut)
+                    n = len(sent)
                     try:
-                        results[k] = res = fut.result()
+                        chunk = fut.result()
                     except LOST as err:
                         self.lost += 1
-                        log.warning("block task %d was lost (%s)", k, _why(err))
+                        log.warning("block tasks %d-%d were lost (%s)", k, k + n - 1, _why(err))
                         if attempt < TASK_RETRIES and time.time() < deadline:
-                            again = self._submit(block_worker, self.text, cfg, tasks[k],
-                                                 deadline)  # fmt: skip
-                            pending[again] = (k, attempt + 1)
+                            again = self._submit(block_worker, self.text, cfg, sent, deadline)
+                            pending[again] = (k, sent, attempt + 1)
                         else:
-                            lost.append(k)
+                            lost.extend(range(k, k + n))
                         continue
-                    states += res.counters.states
+                    results[k:k + n] = chunk
+                    states += sum(res.counters.states for res in chunk)
+                    chunker.observe(chunk)
                     if bar is not None:
-                        bar.update(1)
+                        bar.update(n)
         finally:
             if bar is not None:
                 bar.close()
@@ -523,7 +529,7 @@ class Exploration:
         with any number of workers. The time budget is the safety net behind the bound."""
         cfg = self.config
         seed = cfg.seed if cfg.float_check else None
-        workers = max(1, cfg.workers)
+        workers = self.workers
         futs = getattr(self, "_digest_futures", None) or []
         digests = [self._collect(f, target_digest_worker, a) for f, a in futs] if futs else None
         deadline = self.start + cfg.time_budget_s * VERIFY_SHARE
@@ -667,10 +673,11 @@ class _Verification:
         need = len(self.verified) < self.config.max_verify or self.pos < self.classes
         return not self.bounded and self.pos < n and need
 
-    def _over(self, cost: int, spent: int) -> bool:
+    def _over(self, cost: int, spent: int, assume_verified: bool = False) -> bool:
         # as the time budget, the bound stops nothing before a candidate is verified
         bound = self.config.verify_elements
-        return bound is not None and bool(self.verified) and spent + cost > bound
+        return (bound is not None and (assume_verified or bool(self.verified))
+                and spent + cost > bound)  # fmt: skip
 
     def next_chunk(self, ranked: Sequence[Candidate], workers: int, cost_model: CostModel,
                    report: SearchReport) -> list[tuple[int, Candidate, int]]:  # fmt: skip
@@ -693,12 +700,11 @@ class _Verification:
                 continue
             c = _fused(ranked[k], cost_model)
             cost = evaluation_size(c.graph) * (cfg.trials + 1)
-            if self._over(cost, spent):
+            # past the bound, or past it once the chunk's earlier candidates are verified:
+            # then it is checked only if they all fail, not worth a worker beside them
+            if self._over(cost, spent, assume_verified=bool(chunk)):
                 self.bounded = not chunk  # else the chunk's results decide
                 break
-            bound = cfg.verify_elements
-            if chunk and bound is not None and spent + cost > bound:
-                break  # checked only if all before it fail: not worth a worker beside them
             spent += cost
             chunk.append((k, c, cost))
         return chunk
@@ -734,6 +740,32 @@ class _Verification:
         else:
             self.verified.append(c)
         return True
+
+
+class _Chunker:
+    """How many block tasks to send in one call: enough that a chunk takes about ``CHUNK_S``
+    (by the median of the tasks run recently), one until some have run, and never more than a
+    share of the tasks left that keeps every worker busy to the end; one at a time when they
+    run here (no round trip to save, and the state budget is checked between calls). The
+    chunking changes only how the tasks travel: results are merged in task order."""
+
+    CHUNK_S = 0.05
+    MAX = 256
+    RECENT = 64  # tasks whose seconds make the median: the task mix changes along the list
+
+    def __init__(self, workers: int, inline: bool) -> None:
+        self.workers, self.inline = workers, inline
+        self.recent: list[float] = []
+
+    def size(self, left: int) -> int:
+        if self.inline or not self.recent:
+            return 1
+        per = max(sorted(self.recent)[len(self.recent) // 2], 1e-6)
+        fair = -(-left // (2 * self.workers))
+        return max(1, min(int(self.CHUNK_S / per), self.MAX, fair))
+
+    def observe(self, chunk: Sequence[en.BlockResult]) -> None:
+        self.recent = (self.recent + [res.seconds for res in chunk])[-self.RECENT:]
 
 
 def _state_cut(results: Sequence[en.BlockResult | None], budget: int | None) -> int:
