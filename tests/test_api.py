@@ -432,3 +432,28 @@ def test_kernels_that_win_alone_in_the_program_are_kept_together_only_if_that_wi
     assert {p.index for p in plans if p.impl is not None} == kept, note
     assert all(p.reason.startswith("dropped from the program") for p in plans
                if p.impl is None)  # fmt: skip
+
+
+def test_the_searches_of_a_plan_share_one_process_pool(monkeypatch):
+    from mirage_jax.search import InlineExecutor
+    from mirage_jax.search import runner
+
+    pools = []
+
+    def one_pool(workers):
+        pools.append(workers)
+        return InlineExecutor()
+
+    def no_pool_per_search(workers):
+        raise AssertionError("a search of the plan started a pool of its own")
+
+    monkeypatch.setattr(planner, "default_executor", one_pool)
+    monkeypatch.setattr(runner, "default_executor", no_pool_per_search)
+    program = {p.name: p for p in programs.extra_programs()}["sort_between"]
+    args = program.call_args(programs.make_inputs(program, seed=1))
+    fast = mj.optimize(program.fn, config=FAST_SEARCH.with_(workers=2), cache=False,
+                       require_speedup=False)  # fmt: skip
+    plan = fast.plan(*args)
+    assert sum(r.search_report is not None for r in plan.regions) == 2, plan.report()
+    assert pools == [2]
+    _close(fast(*args), jax.jit(program.fn)(*args))

@@ -58,7 +58,7 @@ class OptimizeOptions:
     verify: bool = True  # check every compiled region against XLA on random inputs
     cache: bool = True  # reuse and record decisions in the on-disk cache
     config: Any = None  # mirage_jax.search.config.SearchConfig or None for the defaults
-    # where the search's tasks run: None for a local process pool per search; a Dask
+    # where the search's tasks run: None for a local process pool per plan; a Dask
     # distributed.Client (or any concurrent.futures.Executor) searches all regions at once on it
     executor: Any = field(default=None, compare=False)
 

@@ -10,6 +10,7 @@ process. Every other outcome keeps the region with XLA and records the reason fo
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import functools
 import logging
 import traceback
@@ -31,7 +32,9 @@ from mirage_jax.planner import library
 from mirage_jax.planner.cluster import as_executor
 from mirage_jax.planner.decisions import Decision, decision_key, load, store
 from mirage_jax.planner.search import choose_on, explore_on, superoptimize
+from mirage_jax.search.config import SearchConfig
 from mirage_jax.search.runner import INCOMPLETE
+from mirage_jax.search.workers import default_executor
 from mirage_jax.timing import compare, device_args
 
 log = logging.getLogger("mirage_jax")
@@ -95,13 +98,26 @@ def plan_regions(program: Any, options: Any, backend: Backend) -> tuple[RegionPl
     in ``options`` (e.g. a Dask cluster) the searches of all distinct regions that need one
     run at once, each spreading its tasks over the executor; then, once the cluster is quiet,
     each region's candidates are timed, compiled and checked against XLA one after another in
-    this process."""
+    this process. Without one, the regions are searched one after another on one process
+    pool for the whole plan."""
     keys = {r.index: _region_key(r, options, backend) for r in program.regions}
     distinct = {key: index for index, key in reversed(keys.items()) if key is not None}
-    found: dict[int, cf.Future] = {}
+    todo = [r for r in program.regions if r.index in distinct.values()]
     if options.executor is not None and options.strategy == "search":
-        found = _explore_all([r for r in program.regions if r.index in distinct.values()],
-                             options, backend)
+        return _plan_all(program, keys, options, backend, _explore_all(todo, options, backend))
+    if options.strategy != "search" or sum(_needs_search(r, options, backend) for r in todo) < 2:
+        return _plan_all(program, keys, options, backend, {})
+    # the searches, one after another, share one pool: its processes start, import and
+    # keep their per-search caches once per plan rather than once per region
+    pool = default_executor((options.config or SearchConfig()).workers)
+    try:
+        return _plan_all(program, keys, dataclasses.replace(options, executor=pool), backend, {})
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _plan_all(program: Any, keys: dict[int, str | None], options: Any, backend: Backend,
+              found: dict[int, cf.Future]) -> tuple[RegionPlan, ...]:  # fmt: skip
     first: dict[str, RegionPlan] = {}
     plans = []
     for region in program.regions:
