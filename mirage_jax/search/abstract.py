@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, NoReturn
 
@@ -527,15 +527,13 @@ def output_terms(graph: KernelGraph) -> tuple[Term, ...]:
 # the oracle
 
 
-def _roots(target: KernelGraph | Sequence[Term], outputs: tuple[Term, ...]) -> list[Term]:
-    """The e-graph's roots: the outputs, then every value the target computes. The terms'
-    normal form can hide a value inside its users (x - mean(x) is ``x + sum(x) * -1/n``, in
-    which ``sum(x) * 1/n`` is no subterm), and a candidate must at least be allowed the
-    target's own steps."""
-    if not isinstance(target, KernelGraph):
-        return list(outputs)
+def _roots(outputs: tuple[Term, ...], values: Iterable[Term]) -> list[Term]:
+    """The e-graph's roots: the outputs, then every other value the target computes. The
+    terms' normal form can hide a value inside its users (x - mean(x) is
+    ``x + sum(x) * -1/n``, in which ``sum(x) * 1/n`` is no subterm), and a candidate must at
+    least be allowed the target's own steps."""
     roots = dict.fromkeys(outputs)
-    roots.update(dict.fromkeys(t for t in kernel_terms(target).values() if _has_var(t)))
+    roots.update(dict.fromkeys(t for t in values if _has_var(t)))
     return list(roots)
 
 
@@ -546,12 +544,13 @@ def _has_var(term: Term) -> bool:
 class SubexprOracle:
     """Is a term, modulo the axioms, a subexpression of the target's outputs?
 
-    The target's output terms go into one egglog e-graph, saturated once with ``AXIOMS`` by
-    ``axioms.SCHEDULE`` under ``budget``; the result is frozen into a Python hash-cons table,
-    so a query is a bottom-up lookup over the term's nodes (memoized per subterm, answers
-    cached per term), with no egglog call. ``stats.saturated`` is False when a budget limit
-    cut the schedule short; the oracle then still answers, but may reject a term it should
-    accept (the module docstring says what the schedule reaches).
+    The target's output terms and the values it computes on the way (``_roots``) go into one
+    egglog e-graph, saturated once with ``AXIOMS`` by ``axioms.SCHEDULE`` under ``budget``;
+    the result is frozen into a Python hash-cons table, so a query is a bottom-up lookup over
+    the term's nodes (memoized per subterm, answers cached per term), with no egglog call.
+    ``stats.saturated`` is False when a budget limit cut the schedule short; the oracle then
+    still answers, but may reject a term it should accept (the module docstring says what
+    the schedule reaches).
     """
 
     def __init__(
@@ -562,12 +561,16 @@ class SubexprOracle:
         # (and so the search package) must not load it
         from mirage_jax.search.egraph import saturate
 
-        self.targets: tuple[Term, ...] = (
-            output_terms(target) if isinstance(target, KernelGraph) else tuple(target)
-        )
+        values: Iterable[Term] = ()
+        if isinstance(target, KernelGraph):
+            terms = kernel_terms(target)
+            self.targets: tuple[Term, ...] = tuple(terms[n.ins[0]] for n in target.outputs)
+            values = terms.values()
+        else:
+            self.targets = tuple(target)
         self.budget = budget or SaturationBudget()
         self.stats = OracleStats()
-        self._index = saturate(_roots(target, self.targets), self.budget, self.stats,
+        self._index = saturate(_roots(self.targets, values), self.budget, self.stats,
                                keep_egraph=keep_egraph)  # fmt: skip
         self._outputs = tuple(self._index.class_of(t) for t in self.targets)
         self._answers: dict[Term, bool] = {}
