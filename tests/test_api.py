@@ -435,8 +435,7 @@ def test_kernels_that_win_alone_in_the_program_are_kept_together_only_if_that_wi
 
 
 def test_the_searches_of_a_plan_share_one_process_pool(monkeypatch):
-    from mirage_jax.search import InlineExecutor
-    from mirage_jax.search import runner
+    from mirage_jax.search import InlineExecutor, runner
 
     pools = []
 
