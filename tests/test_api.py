@@ -456,3 +456,22 @@ def test_the_searches_of_a_plan_share_one_process_pool(monkeypatch):
     assert sum(r.search_report is not None for r in plan.regions) == 2, plan.report()
     assert pools == [2]
     _close(fast(*args), jax.jit(program.fn)(*args))
+
+
+def test_planning_traces_the_programs_it_times_as_later_calls_trace_them(monkeypatch):
+    """Compile-time eval would fold a mask built from iota into a constant while the planner
+    traces what it times, so the plan would be judged on a program no later call runs."""
+    from mirage_jax.api import optimized
+
+    seen = []
+    real = optimized.plan_regions
+
+    def spy(program, options, backend):
+        jaxpr = jax.make_jaxpr(lambda x: x + jax.lax.iota(jnp.float32, 8))(jnp.ones(8))
+        seen.append([e.primitive.name for e in jaxpr.eqns])
+        return real(program, options, backend)
+
+    monkeypatch.setattr(optimized, "plan_regions", spy)
+    x = _randn(8, 8, seed=9)
+    mj.optimize(lambda x: jnp.exp(x) + 1.0, strategy="as_is", cache=False).plan(x)
+    assert "iota" in seen[0], seen
