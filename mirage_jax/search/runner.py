@@ -130,7 +130,8 @@ def superoptimize(
     ``config.workers``). ``timer``: measures a candidate on the target backend (e.g.
     ``Backend.timer()``); without one nothing is timed and the cost model alone picks.
     ``baseline``: seconds of the reference (e.g. ``jax.jit`` of the region), measured in this
-    process; the winner replaces the target only if it is faster. ``mirage_jax.superoptimize`` fills these in from a backend.
+    process; the winner replaces the target only if it is faster.
+    ``mirage_jax.superoptimize`` fills these in from a backend.
     """
     _check_target(kernel_graph)
     config = config or SearchConfig()
