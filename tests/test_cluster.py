@@ -283,3 +283,23 @@ def test_block_tasks_travel_in_chunks_and_the_search_is_the_same():
     # sub-millisecond tasks: tens to a call once a few have run, not one round trip each
     calls = counting.calls["block_worker"]
     assert calls < want.report.tasks / 10, (calls, want.report.tasks)
+
+
+def test_the_local_pool_starts_its_processes_only_for_a_long_enumeration():
+    from mirage_jax.search.workers import LocalPool
+
+    target = target_of("lora")
+    want = superoptimize(target, CONFIG, executor=InlineExecutor(), timer=lambda g: None)
+    for after_s, processes in ((3600.0, 1), (0.0, 2)):
+        pool = LocalPool(2, after_s)
+        try:
+            got = superoptimize(target, CONFIG, executor=pool, timer=lambda g: None)
+        finally:
+            pool.shutdown()
+        assert_same_search(got, want)
+        assert got.report.workers == pool.processes == processes
+        # verification runs where the block tasks ended up: here, or on the started pool
+        if processes == 1:
+            assert {"block_worker", "verify_worker", "target_digest_worker"} == set(pool.ran_here)
+        else:
+            assert pool.ran_here == [], pool.ran_here

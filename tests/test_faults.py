@@ -284,6 +284,8 @@ def test_a_search_worker_killed_mid_search(cache: Path, monkeypatch: pytest.Monk
                                            caplog) -> None:  # fmt: skip
     import threading
 
+    # the pool's processes start with the first block task (by default once they took 1 s)
+    monkeypatch.setenv("MIRAGE_JAX_POOL_AFTER_S", "0")
     killed: list[int] = []
 
     def killer() -> None:
@@ -371,8 +373,9 @@ def test_ctrl_c_during_a_compile(cache: Path, tmp_path: Path) -> None:
 
 def test_ctrl_c_during_a_search(cache: Path) -> None:
     token = f"MJ_FAULT_TEST_{os.getpid()}_{time.monotonic_ns()}"
+    # the pool's processes start with the first block task (by default once they took 1 s)
     env = {**child_env(), "MIRAGE_JAX_CACHE_DIR": str(cache), "MIRAGE_JAX_CALIBRATE": "0",
-           token: "1"}
+           "MIRAGE_JAX_POOL_AFTER_S": "0", token: "1"}
     # interrupted once its worker processes run
     done = _interrupt(["search"], env, lambda pid: len(_children(pid)) >= 2)
     assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr, done.stderr[-3000:]

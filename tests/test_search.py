@@ -999,6 +999,6 @@ def test_a_pool_of_two_on_one_usable_cpu_runs_its_tasks_here(monkeypatch):
     monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     pool = workers.default_executor(2)
     try:
-        assert isinstance(pool, cf.ProcessPoolExecutor)
+        assert isinstance(pool, workers.LocalPool) and pool.workers == 2
     finally:
         pool.shutdown()

@@ -61,14 +61,17 @@ USER_CODE = textwrap.dedent(f"""
         "regions": len(plan.regions),
         "custom_calls": sum(r.impl is not None for r in plan.regions),
         "tasks_run": [r.search_report.tasks_run for r in plan.regions if r.search_report],
+        "processes": [r.search_report.workers for r in plan.regions if r.search_report],
     }}))
 """)
 
 
 def _run(how: str, workdir: Path, cache: Path, seed: int, workers: int = 2, **env: str
          ) -> tuple[dict, str]:  # fmt: skip
+    # the pool starts with the first block task (by default only once they have taken 2 s)
     environ = {**os.environ, "MIRAGE_JAX_CACHE_DIR": str(cache), "MIRAGE_JAX_CALIBRATE": "0",
-               "TEST_SEED": str(seed), "TEST_WORKERS": str(workers), **env}  # fmt: skip
+               "MIRAGE_JAX_POOL_AFTER_S": "0", "TEST_SEED": str(seed),
+               "TEST_WORKERS": str(workers), **env}  # fmt: skip
     if "MIRAGE_JAX_DEBUG" not in env:
         environ.pop("MIRAGE_JAX_DEBUG", None)
     # the interpreter imports the mirage_jax this test imported
@@ -133,8 +136,9 @@ def test_search_runs_its_pool_from_user_code(how: str, in_jit: bool, tmp_path: P
     scale = np.max(np.abs(want))
     assert np.max(np.abs(got - jit)) <= 1e-4 * scale, f"seed {seed}: differs from jax.jit"
     assert np.max(np.abs(got - want)) <= 1e-4 * scale, f"seed {seed}: differs from float64"
-    # the search ran its enumeration tasks (on the pool: workers=2) and its winner was kept
+    # the search ran its enumeration tasks on the pool's two processes and kept its winner
     assert result["tasks_run"] and min(result["tasks_run"]) > 0, out[-4000:]
+    assert result["processes"] == [2], out[-4000:]
     assert result["custom_calls"] == result["regions"] == 1, out[-4000:]
 
 

@@ -105,10 +105,10 @@ def plan_regions(program: Any, options: Any, backend: Backend) -> tuple[RegionPl
     todo = [r for r in program.regions if r.index in distinct.values()]
     if options.executor is not None and options.strategy == "search":
         return _plan_all(program, keys, options, backend, _explore_all(todo, options, backend))
-    if options.strategy != "search" or sum(_needs_search(r, options, backend) for r in todo) < 2:
+    if options.strategy != "search" or len(todo) < 2:
         return _plan_all(program, keys, options, backend, {})
-    # the searches, one after another, share one pool: its processes start, import and
-    # keep their per-search caches once per plan rather than once per region
+    # the searches, one after another, share one pool: its processes (if it needs any) start,
+    # import and keep their per-search caches once per plan rather than once per region
     pool = default_executor((options.config or SearchConfig()).workers)
     try:
         return _plan_all(program, keys, dataclasses.replace(options, executor=pool), backend, {})

@@ -66,6 +66,7 @@ from mirage_jax.search.equivalence import (
 from mirage_jax.search.report import Candidate, SearchReport, SearchResult, summarize
 from mirage_jax.search.workers import (
     InlineExecutor,
+    TaskChunker,
     TaskLost,
     block_worker,
     default_executor,
@@ -343,6 +344,8 @@ class Exploration:
         start = time.perf_counter()
         results, lost = self._run_tasks([t for _, t in tasks])
         self.report.block_s = time.perf_counter() - start
+        # a ``LocalPool`` starts its processes only for a long enumeration
+        self.report.workers = getattr(self.executor, "processes", self.workers)
         # the deterministic cut: the tasks whose states, added in task order, reach the
         # total budget (whichever worker finished first); those after it are dropped
         results = results[: _state_cut(results, cfg.max_total_states)]
@@ -360,16 +363,16 @@ class Exploration:
                    ) -> tuple[list[en.BlockResult | None], list[int]]:  # fmt: skip
         """Every task's result (None: not sent) and the tasks lost with their workers.
 
-        Tasks are sent in priority order, in chunks (``_Chunker``), a window at a time, until
-        the enumeration's share of the time budget ends or the finished tasks' states reach
-        ``max_total_states`` (tasks past either are never sent: sending thousands of no-op
-        tasks costs seconds)."""
+        Tasks are sent in priority order, in chunks (``workers.TaskChunker``), a window at a
+        time, until the enumeration's share of the time budget ends or the finished tasks'
+        states reach ``max_total_states`` (tasks past either are never sent: sending
+        thousands of no-op tasks costs seconds)."""
         cfg = self.config
         deadline = self.start + cfg.time_budget_s * ENUMERATION_SHARE
         budget = cfg.max_total_states
         results: list[en.BlockResult | None] = [None] * len(tasks)
         window = max(2, 4 * self.workers)
-        chunker = _Chunker(self.workers, isinstance(self.executor, InlineExecutor))
+        chunker = TaskChunker(self.workers, isinstance(self.executor, InlineExecutor))
         # future -> (its first task's index, its tasks, attempt)
         pending: dict[cf.Future, tuple[int, list[en.BlockTask], int]] = {}
         lost: list[int] = []
@@ -741,32 +744,6 @@ class _Verification:
         else:
             self.verified.append(c)
         return True
-
-
-class _Chunker:
-    """How many block tasks to send in one call: enough that a chunk takes about ``CHUNK_S``
-    (by the median of the tasks run recently), one until some have run, and never more than a
-    share of the tasks left that keeps every worker busy to the end; one at a time when they
-    run here (no round trip to save, and the state budget is checked between calls). The
-    chunking changes only how the tasks travel: results are merged in task order."""
-
-    CHUNK_S = 0.05
-    MAX = 256
-    RECENT = 64  # tasks whose seconds make the median: the task mix changes along the list
-
-    def __init__(self, workers: int, inline: bool) -> None:
-        self.workers, self.inline = workers, inline
-        self.recent: list[float] = []
-
-    def size(self, left: int) -> int:
-        if self.inline or not self.recent:
-            return 1
-        per = max(sorted(self.recent)[len(self.recent) // 2], 1e-6)
-        fair = -(-left // (2 * self.workers))
-        return max(1, min(int(self.CHUNK_S / per), self.MAX, fair))
-
-    def observe(self, chunk: Sequence[en.BlockResult]) -> None:
-        self.recent = (self.recent + [res.seconds for res in chunk])[-self.RECENT:]
 
 
 def _state_cut(results: Sequence[en.BlockResult | None], budget: int | None) -> int:

@@ -14,6 +14,7 @@ from multiprocessing import popen_spawn_posix, reduction, resource_tracker, spaw
 from multiprocessing.context import SpawnContext, SpawnProcess, set_spawning_popen
 from typing import Any
 
+from mirage_jax.errors import MirageError
 from mirage_jax.ir.graph import KernelGraph
 from mirage_jax.ir.text import parse
 from mirage_jax.search import enumeration as en
@@ -41,7 +42,7 @@ class InlineExecutor(cf.Executor):
 
 
 def default_executor(workers: int) -> cf.Executor:
-    """``workers`` fresh interpreters that import only ``mirage_jax`` (see ``_MainlessPopen``),
+    """The executor of a search on this machine: a ``LocalPool`` of ``workers`` processes,
     but no more than the CPUs this process may run on, or the inline executor for one.
 
     Results do not depend on the executor; a second process on the same CPU would only add
@@ -49,7 +50,123 @@ def default_executor(workers: int) -> cf.Executor:
     workers = min(workers, usable_cpus())
     if workers <= 1:
         return InlineExecutor()
-    return cf.ProcessPoolExecutor(workers, mp_context=_MAINLESS)
+    return LocalPool(workers, pool_after_s())
+
+
+def pool_after_s() -> float:
+    """Seconds of block tasks run here before a ``LocalPool`` starts its processes
+    (``MIRAGE_JAX_POOL_AFTER_S``; 0 starts them with the first block task)."""
+    raw = os.environ.get("MIRAGE_JAX_POOL_AFTER_S", "")
+    try:
+        return max(0.0, float(raw)) if raw else LocalPool.AFTER_S
+    except ValueError:
+        raise MirageError(f"MIRAGE_JAX_POOL_AFTER_S={raw!r} is not a number of seconds",
+                          remedy="set it to e.g. 0 (start the pool at once) or 2") from None
+
+
+class LocalPool(cf.Executor):
+    """Block tasks run here until they have taken ``after_s`` seconds, then on a process pool
+    of ``workers`` started then; verification tasks run where the block tasks ended up.
+
+    A pool's process costs 1.5-2.5 s before its first task: a fresh interpreter, imports (jax
+    alone ~0.8 s) and its own e-graph. Most searches enumerate for less than that (lora bs=1:
+    1.5 s in all here, 3.2 s on two fresh workers), so the pool starts only once the
+    enumeration has shown it is long; a long one pays ``AFTER_S`` here on top of the start-up
+    (1 s rather than the start-up's 2: the suite's long enumerations run 3-20 s). Without a
+    pool, verification stays here too: a pool started for it alone would evaluate the target
+    at full shape again in each process (float64 reference and field inputs, seconds and
+    hundreds of MB), while numpy's BLAS already spreads the large contractions over the cores
+    (gated_mlp bs=1: verification 4.1 s here, 10.7 s on two fresh workers). Where a task runs
+    does not change the search's result."""
+
+    AFTER_S = 1.0
+
+    def __init__(self, workers: int, after_s: float = AFTER_S) -> None:
+        self.workers, self.after_s = workers, after_s
+        self.spent = 0.0  # seconds of block tasks run here
+        self.pool: cf.ProcessPoolExecutor | None = None
+        self.ran_here: list[str] = []  # the names of the tasks run in this process
+        self._pending: list[_Deferred] = []
+        self._lock = threading.Lock()
+
+    @property
+    def processes(self) -> int:
+        """The processes that have run block tasks: this one, or the pool's."""
+        return 1 if self.pool is None else self.workers
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+        if fn is not block_worker:
+            # sent when a result is first asked for: the search sends the target's fingerprints
+            # before its enumeration, to run beside it on a pool, not ahead of it here
+            deferred = _Deferred(self, fn, args, kwargs)
+            with self._lock:
+                self._pending.append(deferred)
+            return deferred
+        with self._lock:
+            started = self.pool is None and self.spent >= self.after_s
+            if started:
+                self.pool = cf.ProcessPoolExecutor(self.workers, mp_context=_MAINLESS)
+            pool = self.pool
+        if started:
+            self._flush()  # the target's fingerprints go first, to run beside the enumeration
+        if pool is not None:
+            return pool.submit(fn, *args, **kwargs)
+        start = time.perf_counter()
+        fut = self._here(fn, args, kwargs)
+        with self._lock:
+            self.spent += time.perf_counter() - start
+        return fut
+
+    def _flush(self) -> None:
+        """Send every deferred task: to the pool at once when it has started (the search's
+        enumeration was long), else run them here one after another."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            pool = self.pool
+        for deferred in pending:
+            fn, args, kwargs = deferred.call
+            try:
+                inner = pool.submit(fn, *args, **kwargs) if pool else self._here(fn, args, kwargs)
+            except cf.BrokenExecutor as err:  # lost: the search sends it again
+                deferred.set_exception(err)
+                continue
+            inner.add_done_callback(deferred.take)
+
+    def _here(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> cf.Future:
+        self.ran_here.append(fn.__name__)
+        return InlineExecutor().submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait, cancel_futures=cancel_futures)
+
+
+class _Deferred(cf.Future):
+    """A ``LocalPool`` task sent when a result is first asked for (``result`` or
+    ``exception``; ``concurrent.futures.wait`` alone would wait for it forever)."""
+
+    def __init__(self, owner: LocalPool, fn: Callable[..., Any], args: tuple,
+                 kwargs: dict) -> None:  # fmt: skip
+        super().__init__()
+        self.owner, self.call = owner, (fn, args, kwargs)
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.owner._flush()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.owner._flush()
+        return super().exception(timeout)
+
+    def take(self, inner: cf.Future) -> None:
+        if inner.cancelled():  # by a shutdown: lost, as a pool's own future would be
+            self.set_exception(cf.CancelledError())
+            return
+        err = inner.exception()
+        if err is None:
+            self.set_result(inner.result())
+        else:
+            self.set_exception(err)
 
 
 def usable_cpus() -> int:
@@ -196,6 +313,32 @@ def make_oracle(target: KernelGraph, config: SearchConfig) -> Any:
     return SubexprOracle(target, budget=budget)
 
 
+class TaskChunker:
+    """How many block tasks to send in one call: enough that a chunk takes about ``CHUNK_S``
+    (by the median of the tasks run recently), one until some have run, and never more than a
+    share of the tasks left that keeps every worker busy to the end; one at a time when they
+    run here (no round trip to save, and the state budget is checked between calls). The
+    chunking changes only how the tasks travel: results are merged in task order."""
+
+    CHUNK_S = 0.05
+    MAX = 256
+    RECENT = 64  # tasks whose seconds make the median: the task mix changes along the list
+
+    def __init__(self, workers: int, inline: bool) -> None:
+        self.workers, self.inline = workers, inline
+        self.recent: list[float] = []
+
+    def size(self, left: int) -> int:
+        if self.inline or not self.recent:
+            return 1
+        per = max(sorted(self.recent)[len(self.recent) // 2], 1e-6)
+        fair = -(-left // (2 * self.workers))
+        return max(1, min(int(self.CHUNK_S / per), self.MAX, fair))
+
+    def observe(self, chunk: Sequence[en.BlockResult]) -> None:
+        self.recent = (self.recent + [res.seconds for res in chunk])[-self.RECENT:]
+
+
 def block_worker(target_text: str, config: SearchConfig, tasks: Sequence[en.BlockTask],
                  deadline: float) -> list[en.BlockResult]:  # fmt: skip
     """Run a chunk of block tasks, in order (in any process): most tasks take well under a
@@ -248,6 +391,6 @@ def _parse_cached(text: str) -> KernelGraph:
 
 
 __all__ = [
-    "InlineExecutor", "TaskLost", "block_worker", "default_executor", "make_oracle", "prime",
-    "target_digest_worker", "verify_worker",
+    "InlineExecutor", "LocalPool", "TaskChunker", "TaskLost", "block_worker", "default_executor",
+    "make_oracle", "pool_after_s", "prime", "target_digest_worker", "verify_worker",
 ]  # fmt: skip
