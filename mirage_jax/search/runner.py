@@ -8,9 +8,9 @@ The pipeline, top to bottom (each stage timed and counted in the ``SearchReport`
    the operands chosen for one graph-defined kernel); prefixes that already compute the
    target are candidates too;
 3. block level: one enumeration task per (site, loop structure, seeding), in priority order,
-   run on an ``concurrent.futures.Executor`` (a spawn-safe process pool of ``workers`` by
-   default; any executor works - tasks and results are picklable and the worker functions are
-   module-level, e.g. a Dask cluster's) until they are exhausted or the enumeration share of
+   run on an ``concurrent.futures.Executor`` (by default ``workers.LocalPool``: here, then a
+   pool of ``workers``; any executor works - tasks and results are picklable, the functions
+   are module-level, e.g. a Dask cluster's) until they are exhausted or the enumeration share of
    the time budget ends. A task lost with its worker is sent again (``TASK_RETRIES``); one
    still lost is reported as not run: the stop reason then begins with ``INCOMPLETE``;
 4. instantiate every distinct skeleton at every concrete tiling, rank the candidates with the
@@ -127,7 +127,7 @@ def superoptimize(
     """Search for a faster μGraph equivalent to ``kernel_graph`` (see the module docstring).
 
     ``cost_model``: ranks the candidates (the target backend's, e.g. ``Backend.cost_model()``).
-    ``executor``: where enumeration and verification tasks run (default: a process pool of
+    ``executor``: where enumeration and verification tasks run (default: a ``LocalPool`` of
     ``config.workers``). ``timer``: measures a candidate on the target backend (e.g.
     ``Backend.timer()``); without one nothing is timed and the cost model alone picks.
     ``baseline``: seconds of the reference (e.g. ``jax.jit`` of the region), measured in this
