@@ -517,9 +517,11 @@ def all_terms(graph: KernelGraph) -> list[tuple[str, Term]]:
     return out
 
 
-def output_terms(graph: KernelGraph) -> tuple[Term, ...]:
-    """The terms of a kernel graph's outputs, in order."""
-    terms = kernel_terms(graph)
+def output_terms(graph: KernelGraph, terms: Mapping[int, Term] | None = None
+                 ) -> tuple[Term, ...]:  # fmt: skip
+    """The terms of a kernel graph's outputs, in order (``terms``: its ``kernel_terms``, when
+    already computed)."""
+    terms = kernel_terms(graph) if terms is None else terms
     return tuple(terms[n.ins[0]] for n in graph.outputs)
 
 
@@ -564,7 +566,7 @@ class SubexprOracle:
         values: Iterable[Term] = ()
         if isinstance(target, KernelGraph):
             terms = kernel_terms(target)
-            self.targets: tuple[Term, ...] = tuple(terms[n.ins[0]] for n in target.outputs)
+            self.targets: tuple[Term, ...] = output_terms(target, terms)
             values = terms.values()
         else:
             self.targets = tuple(target)
