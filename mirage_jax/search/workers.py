@@ -1,9 +1,10 @@
 """The search's worker side: module-level, picklable task functions with per-process
-caches, and the executors they run on (a process pool that never re-runs the user's
-``__main__``, or inline)."""
+caches, and the executors they run on (``LocalPool``: here first, then a process pool that
+never re-runs the user's ``__main__``; or inline)."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import io
 import os
@@ -85,7 +86,7 @@ class LocalPool(cf.Executor):
         self.workers, self.after_s = workers, after_s
         self.spent = 0.0  # seconds of block tasks run here
         self.pool: cf.ProcessPoolExecutor | None = None
-        self.ran_here: list[str] = []  # the names of the tasks run in this process
+        self.ran_here: collections.Counter[str] = collections.Counter()  # tasks run here, by name
         self._pending: list[_Deferred] = []
         self._lock = threading.Lock()
 
@@ -133,7 +134,7 @@ class LocalPool(cf.Executor):
             inner.add_done_callback(deferred.take)
 
     def _here(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> cf.Future:
-        self.ran_here.append(fn.__name__)
+        self.ran_here[fn.__name__] += 1
         return InlineExecutor().submit(fn, *args, **kwargs)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
