@@ -284,12 +284,46 @@ def test_slower_region_stays_with_xla_and_explain_says_so(monkeypatch):
         return jnp.exp(x) + 1.0
 
     monkeypatch.setattr(planner, "compare", lambda cand, base, args: (2e-3, 1e-3))
+    monkeypatch.setattr(planner, "compare_in_loop", lambda cand, base, args, **k: (2e-3, 1e-3))
     fast = mj.optimize(f, strategy="as_is", cache=False)
     x = _randn(8, 8, seed=7)
     _close(fast(x), jax.jit(f)(x))
     plan = fast.plan(x)
     assert plan.regions[0].impl is None
     assert "slower than XLA (0.50x), kept with XLA" in fast.explain(x)
+
+
+def test_pieces_of_a_program_are_timed_per_call_in_a_loop_and_explain_says_so(monkeypatch):
+    """A region cut out of a larger program is compared with XLA as it runs there: a call
+    each inside a loop (``timing.compare_in_loop``), not as programs of their own, whose
+    call costs differ between XLA's and a custom call's; a region that is the whole program
+    is compared as the program the user calls."""
+    looped: list[int] = []
+
+    def in_loop(cand, base, args, working_set_bytes):
+        assert working_set_bytes == 2 * 8 * 16 * 4  # the argument and the result
+        looped.append(len(args))
+        return 1e-6, 3e-6
+
+    def as_programs(cand, base, args):
+        raise AssertionError("a piece of a program timed as a program of its own")
+
+    monkeypatch.setattr(planner, "compare_in_loop", in_loop)
+    monkeypatch.setattr(planner, "compare", as_programs)
+
+    def f(x):
+        return jnp.sort(jnp.tanh(x) * 2.0, axis=-1) * 3.0 + 1.0
+
+    x = _randn(8, 16, seed=0)
+    fast = mj.optimize(f, strategy="as_is", cache=False)
+    plan = fast.plan(x)
+    assert looped == [1, 1] and all(p.in_a_loop for p in plan.regions)
+    assert "(3.00x vs XLA, per call in a loop: 1 us vs 3 us)" in fast.explain(x)
+
+    monkeypatch.setattr(planner, "compare", lambda cand, base, args: (1e-6, 2e-6))
+    whole = mj.optimize(lambda x: jnp.tanh(x) * 2.0, strategy="as_is", cache=False)
+    assert "(2.00x vs jax.jit: 1 us vs 2 us)" in whole.explain(x)
+    assert looped == [1, 1]
 
 
 def test_a_close_win_is_measured_again_and_kept_only_if_it_holds(monkeypatch):
@@ -312,6 +346,7 @@ def test_a_close_win_is_measured_again_and_kept_only_if_it_holds(monkeypatch):
 
 def test_a_plan_that_replaces_nothing_calls_jax_jit_of_the_function(monkeypatch):
     monkeypatch.setattr(planner, "compare", lambda cand, base, args: (2e-3, 1e-3))
+    monkeypatch.setattr(planner, "compare_in_loop", lambda cand, base, args, **k: (2e-3, 1e-3))
 
     def user_fn(x, scale):
         return jnp.exp(x) * scale
@@ -386,6 +421,7 @@ def test_custom_calls_that_lose_in_the_whole_program_are_dropped(monkeypatch, tm
 
     monkeypatch.setenv("MIRAGE_JAX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(planner, "compare", lambda *a, **k: (1e-6, 2e-6))  # both win alone
+    monkeypatch.setattr(planner, "compare_in_loop", lambda *a, **k: (1e-6, 2e-6))
     in_program = {frozenset({0, 1}): 0.9, frozenset({0}): 0.95, frozenset({1}): 1.2}
     measured: list[frozenset] = []
 

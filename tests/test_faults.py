@@ -51,6 +51,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("MIRAGE_JAX_CACHE_DIR", str(root))
     monkeypatch.delenv(library.LIBRARY_ENV, raising=False)
     monkeypatch.setattr(planner, "compare", lambda candidate, baseline, args: (1e-6, 2e-6))
+    monkeypatch.setattr(planner, "compare_in_loop", lambda *a, **k: (1e-6, 2e-6))
     return root
 
 
@@ -103,6 +104,7 @@ def test_no_compiler_on_path(cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.undo()
     monkeypatch.setenv("MIRAGE_JAX_CACHE_DIR", str(cache))
     monkeypatch.setattr(planner, "compare", lambda candidate, baseline, args: (1e-6, 2e-6))
+    monkeypatch.setattr(planner, "compare_in_loop", lambda *a, **k: (1e-6, 2e-6))
     _next_run_works(cache)
 
 
@@ -239,6 +241,7 @@ def test_a_read_only_cache_directory(cache: Path, monkeypatch: pytest.MonkeyPatc
     cache.chmod(0o755)
     monkeypatch.setenv("MIRAGE_JAX_CACHE_DIR", str(cache))
     monkeypatch.setattr(planner, "compare", lambda candidate, baseline, args: (1e-6, 2e-6))
+    monkeypatch.setattr(planner, "compare_in_loop", lambda *a, **k: (1e-6, 2e-6))
     _clean(cache)
     _next_run_works(cache)
 

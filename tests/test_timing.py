@@ -73,3 +73,68 @@ def test_a_switch_cost_that_lasts_milliseconds_is_not_charged_to_one_side():
     t_a, t_b = compare(_Program(2e-4), _Settling(2e-4, slow=1.8, settle_s=0.008), (x,),
                        rounds=2, budget_s=0.3)  # fmt: skip
     assert 0.9 < t_b / t_a < 1.1, t_b / t_a
+
+
+def test_a_loop_times_the_call_inside_a_program_not_a_program_call():
+    """A piece of a program timed as a program of its own pays a program call, which on these
+    hosts costs more than a small piece's work (and more for XLA's multi-thread programs than
+    for a custom call's, which run inline): ``compare_in_loop`` times a call each inside one
+    executable, and still times the work (XLA may not hoist the loop-invariant call)."""
+    import jax
+    import jax.numpy as jnp
+
+    from mirage_jax.timing import compare_in_loop, median_seconds
+
+    small = jnp.ones((1, 64), jnp.float32)
+    alone = median_seconds(jax.jit(jnp.sin), [small])
+    t_small, _ = compare_in_loop(jnp.sin, jnp.sin, [small], rounds=1, budget_s=0.2)
+    assert t_small < alone / 2, (t_small, alone)
+
+    big = jnp.asarray(np.random.default_rng(0).standard_normal((256, 1024)), jnp.float32)
+
+    def thrice(x):
+        return jnp.sin(jnp.sin(jnp.sin(x)))
+
+    t_thrice, t_once = compare_in_loop(thrice, jnp.sin, [big], rounds=1, budget_s=0.3)
+    assert 1.6 < t_thrice / t_once < 4.5, t_thrice / t_once
+    # through copies of the arguments, as many as a program's working set takes
+    t_thrice, t_once = compare_in_loop(thrice, jnp.sin, [big], rounds=1, budget_s=0.3,
+                                       working_set_bytes=3 * big.nbytes)  # fmt: skip
+    assert 1.6 < t_thrice / t_once < 4.5, t_thrice / t_once
+
+
+def test_the_loop_cycles_through_copies_that_touch_the_programs_working_set():
+    import jax.numpy as jnp
+
+    from mirage_jax.timing import MAX_COPIED_BYTES, MAX_COPIES, _copies
+
+    x, w = jnp.ones((4, 8), jnp.float32), jnp.ones((8, 8), jnp.bfloat16)  # 128 + 128 bytes
+    assert len(_copies([x, w], 0)) == len(_copies([x, w], 256)) == 1
+    copies = _copies([x, w], 257)
+    assert len(copies) == 2 and copies[0][0] is x
+    assert copies[1][0] is not x and copies[1][1].dtype == jnp.bfloat16
+    assert copies[1][0].unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
+    assert len(_copies([x, w], 1 << 30)) == MAX_COPIES
+    big = jnp.ones((1 << 20,), jnp.float32)  # 4 MiB: copies stop at MAX_COPIED_BYTES
+    assert len(_copies([big], 1 << 40)) == min(MAX_COPIES, MAX_COPIED_BYTES // (4 << 20))
+    assert len(_copies([], 1 << 20)) == 1
+
+
+def test_candidate_timings_take_their_inputs_in_turns_from_the_copies():
+    import jax.numpy as jnp
+
+    from mirage_jax.timing import median_seconds
+
+    x = jnp.ones((64, 64), jnp.float32)
+    seen: list[int] = []
+
+    def fn(a):
+        seen.append(a.unsafe_buffer_pointer())
+        return a
+
+    median_seconds(fn, [x], min_reps=6, max_reps=6, budget_s=0.0)
+    assert set(seen) == {x.unsafe_buffer_pointer()}
+    seen.clear()
+    median_seconds(fn, [x], min_reps=6, max_reps=6, budget_s=0.0,
+                   working_set_bytes=3 * x.nbytes)  # fmt: skip
+    assert len(set(seen)) == 3 and seen[-6:] == seen[-3:] * 2, seen

@@ -87,8 +87,11 @@ class Backend(abc.ABC):
         """The exported name of ``graph``'s kernel: content-derived, so stable across runs."""
         return self.symbol_prefix + graph.fingerprint()[:24]
 
-    def timer(self, budget_s: float = 0.15) -> Callable[[KernelGraph], float | None]:
-        """Compile a candidate on this backend and take its median call time.
+    def timer(self, budget_s: float = 0.15, working_set_bytes: int = 0
+              ) -> Callable[[KernelGraph], float | None]:  # fmt: skip
+        """Compile a candidate on this backend and take its median call time, its inputs
+        taken in turns from copies as large as ``working_set_bytes`` (the program a region is
+        a piece of: ``timing.median_seconds``).
 
         Compiled callables and their inputs are kept per graph, so timing rounds re-time a
         candidate without compiling it again."""
@@ -100,7 +103,8 @@ class Backend(abc.ABC):
                 fn = jax.jit(self.compile(graph))
                 prepared[key] = fn, device_args(sample_inputs(graph.input_types))
             fn, args = prepared[key]
-            return median_seconds(fn, args, budget_s=budget_s)
+            return median_seconds(fn, args, budget_s=budget_s,
+                                  working_set_bytes=working_set_bytes)  # fmt: skip
 
         return measure
 

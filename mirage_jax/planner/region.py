@@ -3,8 +3,12 @@
 A region becomes a custom call only when every step succeeds: the μGraph was found (or taken
 as is), it compiled on the region's backend, its outputs match XLA's on fresh random inputs,
 and, unless the user opted out, it ran faster than XLA's fusion of the same region in this
-process. Every other outcome keeps the region with XLA and records the reason for
-``explain``. Decisions are reused from a loaded kernel library or the on-disk cache.
+process: as programs of their own when the region is the whole program, else a call of each
+inside a loop over copies of its inputs as large as the program's working set (a piece of a
+program timed as a program pays a program call, more for XLA's than for a custom call's, and
+finds its weights in a cache the program would have evicted: ``timing.compare_in_loop``).
+Every other outcome keeps the region with XLA and records the reason for ``explain``.
+Decisions are reused from a loaded kernel library or the on-disk cache.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from mirage_jax.planner.search import choose_on, explore_on, superoptimize
 from mirage_jax.search.config import SearchConfig
 from mirage_jax.search.runner import INCOMPLETE
 from mirage_jax.search.workers import default_executor
-from mirage_jax.timing import compare, device_args
+from mirage_jax.timing import compare, compare_in_loop, device_args
 
 log = logging.getLogger("mirage_jax")
 
@@ -58,6 +62,7 @@ class RegionPlan:
     source: str = "search"  # where the decision came from: search, cache or library
     same_as: int | None = None  # an identical region planned before this one
     search: str = ""  # how far its search got (``SearchReport.coverage_text``)
+    in_a_loop: bool = False  # timed per call in a loop (a piece of a program), not alone
 
     @property
     def speedup(self) -> float | None:
@@ -71,7 +76,8 @@ class RegionPlan:
         if self.same_as is not None:
             return f"{head} - same as region {self.same_as}"
         if self.speedup is not None:
-            head += f" ({self.speedup:.2f}x vs jax.jit: {self.mirage_s * 1e6:.0f} us vs "
+            against = "XLA, per call in a loop" if self.in_a_loop else "jax.jit"
+            head += f" ({self.speedup:.2f}x vs {against}: {self.mirage_s * 1e6:.0f} us vs "
             head += f"{self.xla_s * 1e6:.0f} us)"
         if self.reason:
             head += f" - {self.reason}"
@@ -100,11 +106,12 @@ def plan_regions(program: Any, options: Any, backend: Backend) -> tuple[RegionPl
     each region's candidates are timed, compiled and checked against XLA one after another in
     this process. Without one, the regions are searched one after another on one process
     pool for the whole plan."""
-    keys = {r.index: _region_key(r, options, backend) for r in program.regions}
+    keys = {r.index: _region_key(program, r, options, backend) for r in program.regions}
     distinct = {key: index for index, key in reversed(keys.items()) if key is not None}
     todo = [r for r in program.regions if r.index in distinct.values()]
     if options.executor is not None and options.strategy == "search":
-        return _plan_all(program, keys, options, backend, _explore_all(todo, options, backend))
+        explored = _explore_all(todo, keys, options, backend)
+        return _plan_all(program, keys, options, backend, explored)
     if options.strategy != "search" or len(todo) < 2:
         return _plan_all(program, keys, options, backend, {})
     # the searches, one after another, share one pool: its processes (if it needs any) start,
@@ -132,12 +139,12 @@ def _plan_all(program: Any, keys: dict[int, str | None], options: Any, backend: 
     return tuple(plans)
 
 
-def _region_key(region: Any, options: Any, backend: Backend) -> str | None:
+def _region_key(program: Any, region: Any, options: Any, backend: Backend) -> str | None:
     """The decision key of a region that gets planned (None for one that stays with XLA
     without a plan)."""
     if options.strategy == "xla" or not _has_compute(region.graph):
         return None
-    return decision_key(region.graph, **_decision_context(options, backend))
+    return decision_key(region.graph, **_decision_context(program, options, backend))
 
 
 def _same_as(region: Any, first: RegionPlan) -> RegionPlan:
@@ -145,11 +152,13 @@ def _same_as(region: Any, first: RegionPlan) -> RegionPlan:
     return RegionPlan(region.index, region.graph, region.backward, region.forward,
                       graph=first.graph, impl=first.impl, reason=first.reason,
                       mirage_s=first.mirage_s, xla_s=first.xla_s, key=first.key,
-                      source=first.source, same_as=first.index, search=first.search)  # fmt: skip
+                      source=first.source, same_as=first.index, search=first.search,
+                      in_a_loop=first.in_a_loop)  # fmt: skip
 
 
-def _explore_all(regions: list[Any], options: Any, backend: Backend) -> dict[int, cf.Future]:
-    todo = [r for r in regions if _needs_search(r, options, backend)]
+def _explore_all(regions: list[Any], keys: dict[int, str | None], options: Any,
+                 backend: Backend) -> dict[int, cf.Future]:  # fmt: skip
+    todo = [r for r in regions if _needs_search(keys[r.index], options)]
     if not todo:
         return {}
     executor = as_executor(options.executor)
@@ -161,10 +170,9 @@ def _explore_all(regions: list[Any], options: Any, backend: Backend) -> dict[int
     return found
 
 
-def _needs_search(region: Any, options: Any, backend: Backend) -> bool:
-    if not _has_compute(region.graph):
+def _needs_search(key: str | None, options: Any) -> bool:
+    if key is None:
         return False
-    key = decision_key(region.graph, **_decision_context(options, backend))
     return library.lookup(key) is None and not (options.cache and load(key) is not None)
 
 
@@ -179,7 +187,8 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend,
     if not _has_compute(region.graph):
         plan.reason = "no compute ops"
         return plan
-    plan.key = decision_key(region.graph, **_decision_context(options, backend))
+    plan.key = decision_key(region.graph, **_decision_context(program, options, backend))
+    plan.in_a_loop = _piece(program)
     try:
         if not _reuse(plan, options, backend):
             _decide(plan, program, region, options, backend, explored)
@@ -204,10 +213,25 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend,
     return plan
 
 
-def _decision_context(options: Any, backend: Backend) -> dict[str, Any]:
+def _decision_context(program: Any, options: Any, backend: Backend) -> dict[str, Any]:
     return {**backend.cache_facts(), "strategy": options.strategy,
             "config": repr(options.config), "require_speedup": options.require_speedup,
-            "numpy": np.__version__}  # fmt: skip
+            "numpy": np.__version__, "in_a_loop": _piece(program)}  # fmt: skip
+
+
+def _working_set(program: Any) -> int:
+    """Bytes one call of ``program`` reads and writes at least: its arguments, constants and
+    results (its weights among them)."""
+    jaxpr = program.jaxpr.jaxpr
+    avals = [v.aval for v in (*jaxpr.invars, *jaxpr.constvars, *jaxpr.outvars)
+             if hasattr(v, "aval")]  # fmt: skip
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals)
+
+
+def _piece(program: Any) -> bool:
+    """Whether the program's regions are pieces of it (cut apart or split), timed as they run
+    inside it (``timing.compare_in_loop``) rather than as programs of their own."""
+    return len(program.regions) > 1 or bool(program.cuts)
 
 
 def _reuse(plan: RegionPlan, options: Any, backend: Backend) -> bool:
@@ -228,7 +252,9 @@ def _reuse(plan: RegionPlan, options: Any, backend: Backend) -> bool:
 
 def _decide(plan: RegionPlan, program: Any, region: Any, options: Any, backend: Backend,
             explored: cf.Future | None = None) -> None:  # fmt: skip
-    plan.graph, plan.search_report = _choose_graph(region.graph, options, backend, explored)
+    working_set = _working_set(program) if plan.in_a_loop else 0
+    plan.graph, plan.search_report = _choose_graph(region.graph, options, backend, explored,
+                                                   working_set)  # fmt: skip
     if plan.search_report is not None:
         plan.search = plan.search_report.coverage_text()
     impl = backend.compile(plan.graph)
@@ -238,8 +264,9 @@ def _decide(plan: RegionPlan, program: Any, region: Any, options: Any, backend: 
     if options.verify:
         _verify(impl, xla, region.graph, args)
     # Timed even when speed is not required, so explain can report the ratio.
-    plan.mirage_s, plan.xla_s = _compare(jax.jit(impl), jax.jit(xla), args,
-                                         confirm=options.require_speedup)  # fmt: skip
+    plan.mirage_s, plan.xla_s = _compare(impl, xla, args, confirm=options.require_speedup,
+                                         in_a_loop=plan.in_a_loop,
+                                         working_set=working_set)  # fmt: skip
     if options.require_speedup and plan.mirage_s * WIN_MARGIN >= plan.xla_s:
         ratio = plan.xla_s / plan.mirage_s
         plan.reason = (f"slower than XLA ({ratio:.2f}x), kept with XLA" if ratio < 1 else
@@ -250,9 +277,15 @@ def _decide(plan: RegionPlan, program: Any, region: Any, options: Any, backend: 
 
 
 def _compare(impl: Callable[..., Any], xla: Callable[..., Any], args: Sequence[Any],
-             confirm: bool) -> tuple[float, float]:  # fmt: skip
-    """(mirage, xla) seconds, confirmed (``confirmed``) when ``confirm``."""
-    measure = functools.partial(compare, impl, xla, args)
+             confirm: bool, in_a_loop: bool, working_set: int) -> tuple[float, float]:  # fmt: skip
+    """(mirage, xla) seconds, confirmed (``confirmed``) when ``confirm``: of a call each
+    inside a loop for a piece of a program (touching ``working_set`` bytes an iteration, as
+    the program does), else of the programs."""
+    if in_a_loop:
+        measure = functools.partial(compare_in_loop, impl, xla, args,
+                                    working_set_bytes=working_set)  # fmt: skip
+    else:
+        measure = functools.partial(compare, jax.jit(impl), jax.jit(xla), args)
     return confirmed(measure) if confirm else measure()
 
 
@@ -272,14 +305,19 @@ def _has_compute(graph: KernelGraph) -> bool:
 
 
 def _choose_graph(target: KernelGraph, options: Any, backend: Backend,
-                  explored: cf.Future | None = None) -> tuple[KernelGraph, Any]:  # fmt: skip
+                  explored: cf.Future | None, working_set: int
+                  ) -> tuple[KernelGraph, Any]:  # fmt: skip
+    """The searched graph and its report; candidates are timed on inputs taken in turns from
+    copies as large as ``working_set`` (0: the same inputs every call)."""
     if options.strategy == "as_is":
         return target, None
     if explored is not None:
-        result = choose_on(explored.result(), options.config, backend)
+        result = choose_on(explored.result(), options.config, backend, working_set)
     else:
-        result = superoptimize(target, options.config, backend=backend,
-                               executor=options.executor)  # fmt: skip
+        config = options.config or SearchConfig()
+        timer = backend.timer(working_set_bytes=working_set) if config.time_candidates else None
+        result = superoptimize(target, config, backend=backend, executor=options.executor,
+                               timer=timer)  # fmt: skip
     return result.best, result.report
 
 

@@ -53,10 +53,12 @@ def explore_on(kernel_graph: KernelGraph, config: SearchConfig | None, backend: 
                    cost_model=cost_model or backend.cost_model(), executor=executor)  # fmt: skip
 
 
-def choose_on(found: Exploration, config: SearchConfig | None, backend: Backend) -> SearchResult:
-    """The timing stage of an explored search, in this process, with ``backend``'s timer."""
+def choose_on(found: Exploration, config: SearchConfig | None, backend: Backend,
+              working_set_bytes: int = 0) -> SearchResult:  # fmt: skip
+    """The timing stage of an explored search, in this process, with ``backend``'s timer
+    (``Backend.timer``'s ``working_set_bytes``)."""
     timed = (config or SearchConfig()).time_candidates
-    return found.choose(backend.timer() if timed else None)
+    return found.choose(backend.timer(working_set_bytes=working_set_bytes) if timed else None)
 
 
 def split_for_search(program: TracedProgram, config: SearchConfig | None, backend: Backend
