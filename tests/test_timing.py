@@ -138,3 +138,20 @@ def test_candidate_timings_take_their_inputs_in_turns_from_the_copies():
     median_seconds(fn, [x], min_reps=6, max_reps=6, budget_s=0.0,
                    working_set_bytes=3 * x.nbytes)  # fmt: skip
     assert len(set(seen)) == 3 and seen[-6:] == seen[-3:] * 2, seen
+
+
+def test_the_thunk_profile_names_each_thunk_of_a_program_with_its_time():
+    """``benchmarks/thunks.py`` reads jax.profiler's trace of a program's thunks."""
+    import jax
+    import jax.numpy as jnp
+    import thunks  # benchmarks/thunks.py
+
+    def f(x, w):
+        return jnp.sort(jnp.tanh(x @ w), axis=-1)
+
+    x, w = jnp.ones((64, 128), jnp.float32), jnp.ones((128, 128), jnp.float32)
+    rows = thunks.thunk_times(jax.jit(f), (x, w), calls=5)
+    names = [name for name, _ in rows]
+    assert any("sort" in n for n in names) and len(names) >= 2, names
+    assert names.index(next(n for n in names if "sort" in n)) == len(names) - 1, names
+    assert all(us > 0 for _, us in rows)
