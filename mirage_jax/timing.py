@@ -150,7 +150,10 @@ MAX_COPIED_BYTES = 256 << 20
 
 
 def _copies(args: Sequence[Any], working_set_bytes: int) -> list[list[Any]]:
-    """``args`` and copies of them, as many as it takes to touch ``working_set_bytes``."""
+    """``args`` and copies of them, as many as it takes to touch ``working_set_bytes``
+    (``args`` alone, whatever they are, for a working set of 0)."""
+    if working_set_bytes <= 0:
+        return [list(args)]
     nbytes = sum(int(np.prod(np.shape(a))) * np.dtype(a.dtype).itemsize for a in args)
     if nbytes == 0:
         return [list(args)]

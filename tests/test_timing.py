@@ -118,6 +118,9 @@ def test_the_loop_cycles_through_copies_that_touch_the_programs_working_set():
     big = jnp.ones((1 << 20,), jnp.float32)  # 4 MiB: copies stop at MAX_COPIED_BYTES
     assert len(_copies([big], 1 << 40)) == min(MAX_COPIES, MAX_COPIED_BYTES // (4 << 20))
     assert len(_copies([], 1 << 20)) == 1
+    pair = (x, w)
+    (only,) = _copies([3.0, pair], 0)  # no working set: any arguments, passed as they are
+    assert only[0] == 3.0 and only[1] is pair
 
 
 def test_candidate_timings_take_their_inputs_in_turns_from_the_copies():
