@@ -1,9 +1,11 @@
 """The plan judged on the whole program: regions that win alone can lose together.
 
-Each region is timed alone against XLA's fusion of that region alone. In the program, XLA
-fuses across the region's edges and every custom call pays its dispatch, so a plan of many
-small regions, each faster alone, can run slower than ``jax.jit`` of the whole (a two-layer
-Llama decode step: fifteen custom calls, each 1.2-3.5x alone, 0.95x together). ``keep_winning``
+Each region is timed against XLA's fusion of that region alone (per call in a loop, over
+copies of its inputs as large as the program: ``planner.region``). In the program, XLA fuses
+across the region's edges, every custom call pays its dispatch and a kernel that splits over
+XLA's pool waits for a helper thread the loop kept awake, so a plan of regions that each win
+can run slower than ``jax.jit`` of the whole (a two-layer Llama decode step: six custom calls,
+each 1.2-1.3x per call in a loop, 0.84x together). ``keep_winning``
 times the program with the plan's custom calls against the program with none; when the plan is
 not faster by the planner's margin, it times the program with each kernel alone (the identical
 regions of a model's layers share one) and keeps those that win there by that margin, together
