@@ -319,6 +319,8 @@ def test_pieces_of_a_program_are_timed_per_call_in_a_loop_and_explain_says_so(mo
     plan = fast.plan(x)
     assert looped == [1, 1] and all(p.in_a_loop for p in plan.regions)
     assert "(3.00x vs XLA, per call in a loop: 1 us vs 3 us)" in fast.explain(x)
+    assert planner._us(3.8e-7) == "0.38 us" and planner._us(4.25e-5) == "42.5 us"
+    assert planner._us(1.2345e-3) == "1234 us"
 
     monkeypatch.setattr(planner, "compare", lambda cand, base, args: (1e-6, 2e-6))
     whole = mj.optimize(lambda x: jnp.tanh(x) * 2.0, strategy="as_is", cache=False)

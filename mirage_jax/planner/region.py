@@ -77,8 +77,8 @@ class RegionPlan:
             return f"{head} - same as region {self.same_as}"
         if self.speedup is not None:
             against = "XLA, per call in a loop" if self.in_a_loop else "jax.jit"
-            head += f" ({self.speedup:.2f}x vs {against}: {self.mirage_s * 1e6:.0f} us vs "
-            head += f"{self.xla_s * 1e6:.0f} us)"
+            head += f" ({self.speedup:.2f}x vs {against}: {_us(self.mirage_s)} vs "
+            head += f"{_us(self.xla_s)})"
         if self.reason:
             head += f" - {self.reason}"
         if self.search:
@@ -86,6 +86,13 @@ class RegionPlan:
         if self.source != "search":
             head += f" [from {self.source}]"
         return head
+
+
+def _us(seconds: float) -> str:
+    """Microseconds to two or three significant digits: a decode region in a loop takes
+    fractions of one."""
+    us = seconds * 1e6
+    return f"{us:.0f} us" if us >= 100 else f"{us:.3g} us"
 
 
 # A region replaces XLA only when it is this much faster: timings on small shared machines
