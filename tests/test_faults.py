@@ -356,6 +356,31 @@ def _token_processes(token: str) -> list[int]:
     return pids
 
 
+def test_an_error_cleaning_up_after_ctrl_c_does_not_swallow_it(cache: Path, monkeypatch) -> None:
+    """Ctrl-C while the search's process pool started its manager thread made the pool's
+    shutdown raise "cannot join thread before it is started"; the planner took that for a
+    failed region, fell back to XLA and the program ran on. The interrupt must propagate; the
+    same error without an interrupt behind it stays one region's fallback."""
+
+    def interrupted_in_cleanup(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise RuntimeError("cannot join thread before it is started")
+
+    def failed(*args, **kwargs):
+        raise RuntimeError("cannot join thread before it is started")
+
+    x = jnp.ones((8, 16), jnp.float32)
+    monkeypatch.setattr(planner, "_choose_graph", interrupted_in_cleanup)
+    with pytest.raises(KeyboardInterrupt):
+        mj.optimize(lambda x: jnp.tanh(x) * 2.0, cache=False)(x)
+    monkeypatch.setattr(planner, "_choose_graph", failed)
+    fast = mj.optimize(lambda x: jnp.tanh(x) * 2.0, cache=False)
+    np.testing.assert_allclose(fast(x), jnp.tanh(x) * 2.0)
+    assert "internal error (RuntimeError: cannot join thread" in fast.explain(x)
+
+
 def test_ctrl_c_during_a_compile(cache: Path, tmp_path: Path) -> None:
     marker = tmp_path / "compiling"
     slow = _script(tmp_path / "slow-g++", f"""\

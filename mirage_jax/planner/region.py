@@ -204,20 +204,42 @@ def plan_region(program: Any, region: Any, options: Any, backend: Backend,
                 store(plan.key, Decision(plan.graph if plan.impl else None, plan.reason,
                                          plan.mirage_s, plan.xla_s,
                                          {"search": plan.search}))  # fmt: skip
-    except MirageError as err:
+    except Exception as err:
+        _reraise_interruption(err)
+        _fall_back(plan, region, err)
+    return plan
+
+
+def _fall_back(plan: RegionPlan, region: Any, err: Exception) -> None:
+    """``plan`` stays with XLA after ``err``, with the reason for explain and the log."""
+    if isinstance(err, MirageError):
         plan.impl = None
         # the remedy too: explain and the log are where a user learns what to do about it
         remedy = f" (remedy: {err.remedy})" if err.remedy else ""
         plan.reason = f"fell back to XLA: {err.cause}{remedy}"
         log.warning("region %d: %s", region.index, plan.reason)
-    except Exception as err:  # our bug (or a library's) must cost one region, not the program
-        plan.impl = None
-        where = traceback.extract_tb(err.__traceback__)[-1]
-        error = f"{type(err).__name__}: {err}, at {Path(where.filename).name}:{where.lineno}"
-        plan.reason = f"fell back to XLA: internal error ({error}); {_BUG_REMEDY}"
-        log.warning("region %d: %s", region.index, plan.reason,
-                    exc_info=log.isEnabledFor(logging.DEBUG))
-    return plan
+        return
+    # our bug (or a library's) must cost one region, not the program
+    plan.impl = None
+    where = traceback.extract_tb(err.__traceback__)[-1]
+    error = f"{type(err).__name__}: {err}, at {Path(where.filename).name}:{where.lineno}"
+    plan.reason = f"fell back to XLA: internal error ({error}); {_BUG_REMEDY}"
+    log.warning("region %d: %s", region.index, plan.reason,
+                exc_info=log.isEnabledFor(logging.DEBUG))
+
+
+def _reraise_interruption(err: BaseException) -> None:
+    """Raise the Ctrl-C (or exit) that ``err`` was raised while handling, if any: cleaning up
+    after an interrupt can fail in turn (a process pool whose start was interrupted raises
+    "cannot join thread before it is started" on shutdown), and that error must not turn the
+    user's Ctrl-C into a region that quietly fell back while the program ran on."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (KeyboardInterrupt, SystemExit)):
+            raise cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
 
 
 def _decision_context(program: Any, options: Any, backend: Backend) -> dict[str, Any]:
