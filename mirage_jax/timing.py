@@ -2,7 +2,9 @@
 
 Medians of many short repetitions, after warm-up, with results blocked on: the machines this
 runs on are small and noisy, so single timings mean little and ratios measured in one process
-are what we compare.
+are what we compare. ``compare`` times two programs as the user calls them;
+``compare_in_loop`` times two pieces of a program as they run inside it (a call each in one
+executable's loop, over inputs that touch the program's working set).
 """
 
 from __future__ import annotations
