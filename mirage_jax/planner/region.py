@@ -35,7 +35,7 @@ from mirage_jax.ir import KernelGraph, Op
 from mirage_jax.planner import library
 from mirage_jax.planner.cluster import as_executor
 from mirage_jax.planner.decisions import Decision, decision_key, load, store
-from mirage_jax.planner.search import choose_on, explore_on, superoptimize
+from mirage_jax.planner.search import candidate_timer, choose_on, explore_on, superoptimize
 from mirage_jax.search.config import SearchConfig
 from mirage_jax.search.runner import INCOMPLETE
 from mirage_jax.search.workers import default_executor
@@ -344,9 +344,8 @@ def _choose_graph(target: KernelGraph, options: Any, backend: Backend,
         result = choose_on(explored.result(), options.config, backend, working_set)
     else:
         config = options.config or SearchConfig()
-        timer = backend.timer(working_set_bytes=working_set) if config.time_candidates else None
         result = superoptimize(target, config, backend=backend, executor=options.executor,
-                               timer=timer)  # fmt: skip
+                               timer=candidate_timer(config, backend, working_set))  # fmt: skip
     return result.best, result.report
 
 

@@ -39,10 +39,19 @@ def superoptimize(
     """
     config = config or SearchConfig()
     backend = backend or get_backend(platform_for(()))
-    if timer is None and config.time_candidates:
-        timer = backend.timer()
+    if timer is None:
+        timer = candidate_timer(config, backend)
     return run_search(kernel_graph, config, cost_model=backend.cost_model(),
                       executor=as_executor(executor), timer=timer, baseline=baseline)  # fmt: skip
+
+
+def candidate_timer(config: SearchConfig, backend: Backend, working_set_bytes: int = 0
+                    ) -> Timer | None:  # fmt: skip
+    """``backend``'s timer when ``config.time_candidates`` (inputs in turns from copies as
+    large as ``working_set_bytes``: ``Backend.timer``), else None: the cost model alone picks."""
+    if not config.time_candidates:
+        return None
+    return backend.timer(working_set_bytes=working_set_bytes)
 
 
 def explore_on(kernel_graph: KernelGraph, config: SearchConfig | None, backend: Backend,
@@ -56,9 +65,8 @@ def explore_on(kernel_graph: KernelGraph, config: SearchConfig | None, backend: 
 def choose_on(found: Exploration, config: SearchConfig | None, backend: Backend,
               working_set_bytes: int = 0) -> SearchResult:  # fmt: skip
     """The timing stage of an explored search, in this process, with ``backend``'s timer
-    (``Backend.timer``'s ``working_set_bytes``)."""
-    timed = (config or SearchConfig()).time_candidates
-    return found.choose(backend.timer(working_set_bytes=working_set_bytes) if timed else None)
+    (``candidate_timer``)."""
+    return found.choose(candidate_timer(config or SearchConfig(), backend, working_set_bytes))
 
 
 def split_for_search(program: TracedProgram, config: SearchConfig | None, backend: Backend
@@ -78,4 +86,4 @@ def split_for_search(program: TracedProgram, config: SearchConfig | None, backen
     return split_regions(program, policy)
 
 
-__all__ = ["choose_on", "explore_on", "split_for_search", "superoptimize"]
+__all__ = ["candidate_timer", "choose_on", "explore_on", "split_for_search", "superoptimize"]
