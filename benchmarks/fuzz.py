@@ -238,7 +238,8 @@ class _Builder:
             "jax.lax.rsqrt({})", "jax.lax.erf({})", "{} ** 3", "jax.nn.gelu({})",
             "jax.nn.gelu({}, approximate=False)", "1.0 / {}", "jnp.clip({}, -1.5, 2.0)",
             "jnp.minimum({}, 0.0)", "{} ** -2", "jnp.sin({})", "jnp.cos({})",
-            "jnp.sign({})", "jnp.exp2({})",
+            "jnp.sign({})", "jnp.exp2({})", "jax.scipy.special.erfinv(jnp.tanh({}))",
+            "jnp.fmod({}, 1.7)",
         ))  # fmt: skip
         self.emit(fn.format(v.name), v.shape)
         return True

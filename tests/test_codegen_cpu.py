@@ -158,9 +158,13 @@ def test_unary_ops(dtype: DType, rng: np.random.Generator) -> None:
     x, p = kb.input(T(3, 5, 7, dtype=dtype)), kb.input(T(3, 5, 7, dtype=dtype))
     for op, attrs, positive in UNARY_CASES:
         kb.output(kb.apply(op, p if positive else x, **attrs))
+    u = kb.input(T(3, 5, 7, dtype=dtype))
+    kb.output(kb.apply(Op.ERF_INV, u))
     g = kb.build()
+    inside = np.tanh(rand(rng, g.input_types[2]))  # erf_inv's domain, (-1, 1)
     with _x64(dtype):
-        check(g, [3 * rand(rng, g.input_types[0]), rand(rng, g.input_types[1], positive=True)])
+        x_in, p_in = 3 * rand(rng, g.input_types[0]), rand(rng, g.input_types[1], positive=True)
+        check(g, [x_in, p_in, inside])
 
 
 def test_unary_special_values() -> None:
@@ -228,7 +232,52 @@ def test_sin_and_cos_reduce_the_argument_accurately() -> None:
     assert np.signbit(got[0][sweep.size + 1])  # sin(-0) = -0
 
 
-BINARY = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX]
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_erf_inv_across_its_domain(dtype: DType) -> None:
+    """erf_inv against scipy in float64 on a sweep of (-1, 1) dense near +-1 (the tail
+    branch, where w = -log(1 - x^2) >= 5), and its edges: +-1 -> +-inf, beyond and NaN ->
+    NaN, +-0 kept. Within 4 ulps in float32 (Giles' polynomials, as XLA's) and float64
+    (Newton steps from them); both measured at about 2.1 on dense sweeps."""
+    from scipy.special import erfinv
+
+    eps = np.finfo(dtype.numpy).eps
+    near_one = 1.0 - np.geomspace(eps / 2, 0.5, 300)
+    sweep = np.concatenate([np.linspace(-0.999, 0.999, 1001), near_one, -near_one])
+    specials = [0.0, -0.0, 1.0, -1.0, 1.5, -2.0, np.inf, np.nan, 1e-30, -1e-30]
+    x = np.concatenate([sweep, np.array(specials * 3)]).astype(dtype.numpy)
+    kb = KernelBuilder()
+    kb.output(kb.apply(Op.ERF_INV, kb.input(T(x.size, dtype=dtype))))
+    with _x64(dtype):
+        (got,) = run_cpu(kb.build(), [x])
+    ulps = 4
+    with np.errstate(all="ignore"):
+        want = erfinv(x.astype(np.float64))
+        close = np.abs(got - want) <= ulps * eps * np.abs(want)
+        ok = (got == want) | (np.isnan(got) & np.isnan(want)) | close
+    assert ok.all(), f"x={x[~ok][:4]} got {got[~ok][:4]} want {want[~ok][:4]}"
+    zeros = x == 0
+    np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(x[zeros]))
+
+
+def test_rem_is_exact_with_the_sign_of_the_dividend(rng: np.random.Generator) -> None:
+    """rem is C's fmod (jax.lax.rem, jnp.fmod): exact where x - y * trunc(x / y) would round
+    (large quotients), the dividend's sign, NaN for y = 0 or x infinite, x for y infinite."""
+    x = np.concatenate([rng.standard_normal(200) * 1e4, [5.5, -5.5, 0.0, -0.0, np.inf, 3.0,
+                                                         1e30, -7.25, np.nan, 2.0]])
+    y = np.concatenate([rng.standard_normal(200), [2.0, 2.0, 3.0, 3.0, 2.0, 0.0, 1.1, np.inf,
+                                                   1.0, np.nan]])  # fmt: skip
+    x, y = x.astype(np.float32), y.astype(np.float32)
+    kb = KernelBuilder()
+    kb.output(kb.apply(Op.REM, kb.input(T(x.size)), kb.input(T(y.size))))
+    (got,) = run_cpu(kb.build(), [x, y])
+    with np.errstate(all="ignore"):
+        want = np.fmod(x, y)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    np.testing.assert_array_equal(got, np.asarray(jax.lax.rem(jnp.asarray(x), jnp.asarray(y))))
+
+
+BINARY = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.REM]
 
 
 def test_binary_broadcasting(rng: np.random.Generator) -> None:

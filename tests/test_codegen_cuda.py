@@ -81,7 +81,7 @@ UNARY_CASES = [
     (Op.ADD_SCALAR, {"scalar": 0.3}, False), (Op.POW_SCALAR, {"exponent": 3.0}, False),
     (Op.POW_SCALAR, {"exponent": 1.7}, True), (Op.FINITE_OR, {"fill": -3.0}, False),
 ]  # fmt: skip
-BINARY_OPS = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX]
+BINARY_OPS = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.REM]
 REDUCE_OPS = [Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN, Op.REDUCE_RMS]
 
 
@@ -96,6 +96,7 @@ def kernel_ops_graph() -> KernelGraph:
     c, d = kb.input(T(70, 33)), kb.input(T(33, 65))
     for op, attrs, positive in UNARY_CASES:
         kb.output(kb.apply(op, p if positive else x, **attrs))
+    kb.output(kb.apply(Op.ERF_INV, kb.apply(Op.TANH, x)))  # its domain, (-1, 1)
     for op in BINARY_OPS:
         kb.output(kb.apply(op, x, row))
         kb.output(kb.apply(op, col, row))

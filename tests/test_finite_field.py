@@ -298,7 +298,8 @@ def test_gelu_is_its_tanh_formula(rng):
 def test_uninterpreted_functions_are_fixed_per_op_and_seed(rng):
     t = T(64)
     g = kernel([t], lambda kb, x: (ap(kb, Op.SQRT, x), ap(kb, Op.LOG, x), ap(kb, Op.ERF, x),
-                                   ap(kb, Op.ERFC, x), ap(kb, Op.SIN, x), ap(kb, Op.COS, x), ap(kb, Op.SIGN, x),
+                                   ap(kb, Op.ERFC, x), ap(kb, Op.SIN, x), ap(kb, Op.COS, x),
+                                   ap(kb, Op.SIGN, x), ap(kb, Op.ERF_INV, x),
                                    ap(kb, Op.POW_SCALAR, x, exponent=1.5),
                                    ap(kb, Op.FINITE_OR, x, fill=0.0),
                                    ap(kb, Op.FINITE_OR, x, fill=1.0)))  # fmt: skip
@@ -313,6 +314,22 @@ def test_uninterpreted_functions_are_fixed_per_op_and_seed(rng):
     for i in range(len(first)):  # distinct functions per op (finite_or: per fill)
         for j in range(i):
             assert not np.array_equal(first[i].a, first[j].a)
+
+
+def test_rem_is_exact_algebra_around_an_uninterpreted_trunc(rng):
+    """rem(2x, 2y) = 2 rem(x, y) holds in the field as in floats (the quotients are equal);
+    rem(x, y) differs from rem(y, x) and from x."""
+    t = T(64)
+
+    def body(kb, x, y):
+        two = lambda v: ap(kb, Op.MUL_SCALAR, v, scalar=2.0)  # noqa: E731
+        r = ap(kb, Op.REM, x, y)
+        return two(r), ap(kb, Op.REM, two(x), two(y)), ap(kb, Op.REM, y, x), r
+
+    (scaled, of_scaled, swapped, r), x = run(kernel([t, t], body), rng)
+    same_p(scaled, of_scaled)
+    assert not np.array_equal(r.a, swapped.a)
+    assert not np.array_equal(r.a, x[0].a)
 
 
 @pytest.mark.parametrize("m, k, n", [(3, 5, 4), (7, 64, 5), (4, 100, 9), (2, 5000, 3)])

@@ -203,6 +203,8 @@ ELEMENTWISE = {
     "softplus_free": lambda x: jnp.maximum(x, -jnp.inf), "copy": lambda x: jnp.array(x, copy=True),
     "stop_gradient": jax.lax.stop_gradient, "f16_cast": lambda x: x.astype(jnp.float16) * 2,
     "sin": jnp.sin, "cos": jnp.cos, "sign": jnp.sign, "exp2": jnp.exp2, "log2": jnp.log2,
+    "erf_inv": lambda x: jax.scipy.special.erfinv(jnp.tanh(x)), "fmod": lambda x: jnp.fmod(x, 0.7),
+    "rem": lambda x: jax.lax.rem(x * 5.0, jnp.abs(x) + 0.5),
     "rope": lambda x: x * jnp.cos(3.0 * x) + jnp.roll(x, 8, axis=-1) * jnp.sin(3.0 * x),
     "reduce_precision_bf16": lambda x: jax.lax.reduce_precision(x * 3.0, 8, 7),
     "reduce_precision_own": lambda x: jax.lax.reduce_precision(x * 3.0, 8, 23),

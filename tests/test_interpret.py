@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy.special import erf as sp_erf
 from scipy.special import erfc as sp_erfc
+from scipy.special import erfinv
 from tolerance import assert_array_close, product_scale, sum_rtol
 
 from mirage_jax.errors import GraphError, MirageError
@@ -104,7 +105,7 @@ def test_unary_ops_match_numpy_float64_and_jax(op, attrs, ref, jref, positive, r
 
 @pytest.mark.parametrize("op, ref", [(Op.ADD, np.add), (Op.SUB, np.subtract),
                                      (Op.MUL, np.multiply), (Op.DIV, np.divide),
-                                     (Op.MAX, np.maximum)])  # fmt: skip
+                                     (Op.MAX, np.maximum), (Op.REM, np.fmod)])  # fmt: skip
 def test_binary_ops_broadcast_numpy_style(op, ref, rng):
     a, b = rng.standard_normal((3, 1, 7)), rng.standard_normal((1, 5, 7)) + 3
     kb = KernelBuilder()
@@ -113,6 +114,25 @@ def test_binary_ops_broadcast_numpy_style(op, ref, rng):
     (out,) = evaluate(kb.build(), [a, b])
     assert out.shape == (3, 5, 7)
     np.testing.assert_allclose(out, ref(a, b), rtol=1e-14)
+
+
+def test_erf_inv_and_rem_match_scipy_and_jax(rng):
+    """Outside the unary table: erf_inv is defined on (-1, 1) only, and rem is C's fmod (the
+    dividend's sign) where jnp.remainder / % floor."""
+    u = np.tanh(rng.standard_normal(SHAPE) * 2)
+    (y,) = evaluate(unary_graph(Op.ERF_INV, SHAPE), [u])
+    np.testing.assert_allclose(y, erfinv(u), rtol=1e-15)
+    u32 = u.astype(np.float32)
+    (y32,) = evaluate(unary_graph(Op.ERF_INV, SHAPE, F32), [u32])
+    # XLA's float32 erf_inv forms 1 - x * x, which rounds near |x| = 1 (3e-6 off at 2.51)
+    assert_array_close(y32, np.asarray(jax.scipy.special.erfinv(u32)), rtol=1e-5, what="erf_inv")
+    kb = KernelBuilder()
+    kb.output(kb.apply(Op.REM, kb.input(T(*SHAPE, dtype=F32)), kb.input(T(*SHAPE, dtype=F32))))
+    x, d = (rng.standard_normal(SHAPE) * 10).astype(np.float32), rng.standard_normal(SHAPE)
+    d = d.astype(np.float32)
+    (r,) = evaluate(kb.build(), [x, d])
+    np.testing.assert_array_equal(r, np.asarray(jax.lax.rem(x, d)))
+    assert (np.signbit(r) == np.signbit(x)).all()
 
 
 @pytest.mark.parametrize("dim", [0, 1, 2])

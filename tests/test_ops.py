@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.special import erfinv
 
 from mirage_jax.backend.cpu import cost as cpu_cost
 from mirage_jax.backend.cpu.emit import TABLE as CPU_TABLE
@@ -166,7 +167,8 @@ def _numeric(term: ab.Term, env: list[np.ndarray]) -> np.ndarray:
     if p.startswith("pow:"):
         return args[0] ** float(p[4:])
     fns = {"tanh": np.tanh, "log": np.log, "erf": math.erf, "erfc": math.erfc, "sin": np.sin,
-           "cos": np.cos, "sign": np.sign, "finite_or": lambda x: x}  # x finite here
+           "cos": np.cos, "sign": np.sign, "finite_or": lambda x: x,  # x finite here
+           "erf_inv": erfinv, "trunc": np.trunc}  # fmt: skip
     return np.vectorize(fns[p])(args[0])
 
 
@@ -179,7 +181,8 @@ def test_abstract_formula_computes_the_op(op: Op) -> None:
     constants are rounded to float32, hence the tolerance."""
     g = _one_op(op)
     rng = np.random.default_rng([ord(c) for c in op.value])
-    xs = [rng.uniform(0.25, 3.0, (8, 16)) for _ in g.input_types]
+    low, high = (-0.99, 0.99) if op is Op.ERF_INV else (0.25, 3.0)  # erf_inv's domain
+    xs = [rng.uniform(low, high, (8, 16)) for _ in g.input_types]
     (term,) = ab.output_terms(g)
     (want,) = evaluate(g, xs, precision="float64")
     np.testing.assert_allclose(_numeric(term, xs), want, rtol=1e-6, atol=1e-7)

@@ -127,7 +127,8 @@ def _scalar_op(b: RegionBuilder, name: str, x: View, c: float, scalar_right: boo
     return None
 
 
-_BINARY = {"add": Op.ADD, "sub": Op.SUB, "mul": Op.MUL, "div": Op.DIV, "max": Op.MAX}
+_BINARY = {"add": Op.ADD, "sub": Op.SUB, "mul": Op.MUL, "div": Op.DIV, "max": Op.MAX,
+           "rem": Op.REM}
 
 
 def _tensor_op(b: RegionBuilder, name: str, x: int, y: int) -> int:
@@ -399,10 +400,10 @@ def _dot_general(b: RegionBuilder, eqn: JaxprEqn) -> list[View]:
 RULES: dict[str, Rule] = {
     **{name: _unary(op) for name, op in {
         "exp": Op.EXP, "sqrt": Op.SQRT, "rsqrt": Op.RSQRT, "tanh": Op.TANH,
-        "logistic": Op.SIGMOID, "erf": Op.ERF, "erfc": Op.ERFC, "neg": Op.NEG,
-        "square": Op.SQUARE, "sin": Op.SIN, "cos": Op.COS, "sign": Op.SIGN,
+        "logistic": Op.SIGMOID, "erf": Op.ERF, "erfc": Op.ERFC, "erf_inv": Op.ERF_INV,
+        "neg": Op.NEG, "square": Op.SQUARE, "sin": Op.SIN, "cos": Op.COS, "sign": Op.SIGN,
     }.items()},
-    **{name: _binary(name) for name in ("add", "sub", "mul", "div", "max", "min", "pow")},
+    **{name: _binary(name) for name in ("add", "sub", "mul", "div", "max", "min", "pow", "rem")},
     "add_any": _binary("add"),  # how reverse-mode autodiff sums cotangents
     "abs": _abs,
     "log": _log,

@@ -25,9 +25,9 @@ Semantics (every op reduces to these):
 - sigmoid = 1/(1+exp(-x)), silu = x*sigmoid(x), tanh = (exp(2x)-1)/(exp(2x)+1), gelu by its
   tanh formula, square = x*x, pow_scalar: non-negative integer -> repeated multiplication,
   negative integer -> reciprocal of that, 0.5 -> sqrt, -0.5 -> rsqrt, others uninterpreted.
-- sqrt, log, erf, erfc, sin, cos, sign, finite_or (one per fill; and pow_scalar by other
-  exponents): uninterpreted
-  functions: a fixed pseudo-random function (splitmix64 with a per-op tag and ``Field.seed``)
+- sqrt, log, erf, erfc, erf_inv, sin, cos, sign, finite_or (one per fill; and pow_scalar by
+  other exponents), and the trunc(x / y) of rem = x - y trunc(x / y): uninterpreted functions: a
+  fixed pseudo-random function (splitmix64 with a per-op tag and ``Field.seed``)
   of the input pair, the same in every graph; rsqrt = 1/sqrt, reduce_rms / acc_rms =
   sqrt(mean(x^2)).
 - max (binary, reduce_max, acc_max, relu = max(x, 0)): the lexicographic max of the *signed*
@@ -400,8 +400,12 @@ class FieldSystem(NumberSystem):
                         (h2 % np.uint64(self.f.q)).astype(np.int64))  # fmt: skip
 
     # the uninterpreted functions (module docstring), each a fixed function of its own
-    sqrt, log, erf, erfc, sin, cos, sign = (
-        _opaque(name) for name in ("sqrt", "log", "erf", "erfc", "sin", "cos", "sign"))
+    sqrt, log, erf, erfc, erf_inv, sin, cos, sign = (_opaque(name) for name in (
+        "sqrt", "log", "erf", "erfc", "erf_inv", "sin", "cos", "sign"))
+
+    def rem(self, x, y):
+        # trunc is the one uninterpreted part: the field checks the algebra around it
+        return self.sub(x, self.mul(y, self._uninterpreted(self.div(x, y), "trunc")))
 
     def finite_or(self, x, fill):
         # every field element is "finite": as the identity, a candidate that dropped the guard

@@ -130,6 +130,13 @@ class FloatSystem(NumberSystem):
 
         return erfc(_up(x))
 
+    def erf_inv(self, x):
+        from scipy.special import erfinv  # scipy ships with jax
+
+        return erfinv(_up(x))
+
+    rem = _lift(np.fmod)  # C's fmod, exact, as XLA's rem (numpy's remainder floors)
+
     def sigmoid(self, x):
         from scipy.special import expit  # overflow-free logistic
 

@@ -132,6 +132,13 @@ class NumberSystem(ABC):
     def sign(self, x: Any) -> Any: ...
 
     @abstractmethod
+    def erf_inv(self, x: Any) -> Any: ...
+
+    @abstractmethod
+    def rem(self, x: Any, y: Any) -> Any:
+        """x - y * trunc(x / y), the sign of x's (C's fmod)."""
+
+    @abstractmethod
     def scale(self, x: Any, c: float | Fraction) -> Any:
         """x * c for a constant c."""
 

@@ -231,6 +231,8 @@ DEGREE_RULES: dict[str, Callable[[Node, list[Degree], Degree], Degree]] = {
     # a matmul is a sum of products: denominators along k assumed shared (module docstring)
     "product": lambda node, ins, x: (ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]),
     "quotient": lambda node, ins, x: (ins[0][0] + ins[1][1], ins[0][1] + ins[1][0]),
+    # x - y * t, t = trunc(x / y) a fresh value
+    "remainder": lambda node, ins, x: _add(ins[0], (ins[1][0] + 1, ins[1][1])),
     "shift": lambda node, ins, x: (max(x[0], x[1]), x[1]),
     "either": lambda node, ins, x: (max(ins[0][0], ins[1][0]), max(ins[0][1], ins[1][1])),
     "rescale": lambda node, ins, x: (ins[0][0] + 1, ins[0][1]),  # times exp(m_i - M)

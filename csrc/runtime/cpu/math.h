@@ -267,6 +267,17 @@ MJ_INLINE T erfc(T x) {
   else return lanewise(x, [](double v) { return std::erfc(v); });
 }
 
+// C's fmod lane by lane: exact, where x - y * trunc(x / y) is not (x / y rounds)
+template <class T>
+MJ_INLINE T rem(T a, T b) {
+  if constexpr (is_vec<T>) {
+    for (int l = 0; l < lanes<lane_t<T>>; ++l) a[l] = std::fmod(a[l], b[l]);
+    return a;
+  } else {
+    return std::fmod(a, b);
+  }
+}
+
 MJ_INLINE float sqrt(float x) { return __builtin_sqrtf(x); }
 MJ_INLINE double sqrt(double x) { return __builtin_sqrt(x); }
 // The ISA's vector sqrt through GCC's builtins (<immintrin.h> alone costs ~0.3 s to parse).
@@ -283,6 +294,57 @@ MJ_INLINE vf64 sqrt(vf64 x) { return __builtin_ia32_sqrtpd(x); }
 MJ_INLINE vf32 sqrt(vf32 x) { return lanewise(x, [](float v) { return __builtin_sqrtf(v); }); }
 MJ_INLINE vf64 sqrt(vf64 x) { return lanewise(x, [](double v) { return __builtin_sqrt(v); }); }
 #endif
+
+// erf_inv: Giles' single-precision polynomials in w = -log(1 - x^2) (as XLA's ErfInv32),
+// w < 5 and beyond; (1 - x)(1 + x) keeps 1 - x exact near |x| = 1, where 1 - x * x rounds.
+// +-1 gives +-inf, |x| > 1 NaN (log of a negative), NaN stays NaN.
+template <class T>
+MJ_INLINE T erf_inv_f32(T x) {
+  T w = -log_f32((1.0f - x) * (1.0f + x));
+  T c = w - 2.5f;
+  T p = horner(c, 2.81022636e-08f, 3.43273939e-07f, -3.5233877e-06f, -4.39150654e-06f,
+               2.1858087e-04f, -1.25372503e-03f, -4.17768164e-03f, 2.46640727e-01f,
+               1.50140941e+00f);
+  T t = sqrt(w) - 3.0f;
+  T q = horner(t, -2.00214257e-04f, 1.00950558e-04f, 1.34934322e-03f, -3.67342844e-03f,
+               5.73950773e-03f, -7.6224613e-03f, 9.43887047e-03f, 1.00167406e+00f,
+               2.83297682e+00f);
+  T r = (w < 5.0f ? p : q) * x;
+  return abs_f(x) == 1.0f ? x * std::numeric_limits<float>::infinity() : r;
+}
+
+// erf_inv in double: the float estimate, refined by Newton steps on erf (|x| < 0.5) or on
+// log(erfc) (the tail, where erf saturates and log(erfc) is nearly quadratic), to a few ulps.
+inline double erf_inv_f64(double x) {
+  const double a = std::fabs(x);
+  if (!(a < 1.0)) {
+    return a == 1.0 ? x * std::numeric_limits<double>::infinity()
+                    : std::numeric_limits<double>::quiet_NaN();
+  }
+  const float start = static_cast<float>(a) < 1.0f ? static_cast<float>(a) : 0.99999994f;
+  double y = erf_inv_f32(start);
+  const double c = 1.0 - a;  // exact for a >= 0.5
+  const double k = 1.1283791670955126;  // 2 / sqrt(pi)
+  for (int i = 0; i < 50; ++i) {
+    const double d = k * std::exp(-y * y);
+    double step;
+    if (a < 0.5) {
+      step = (std::erf(y) - a) / d;
+    } else {
+      const double e = std::erfc(y);
+      step = -(std::log(e) - std::log(c)) * e / d;
+    }
+    y -= step;
+    if (std::fabs(step) <= 1e-15 * y) break;
+  }
+  return std::copysign(y, x);
+}
+
+template <class T>
+MJ_INLINE T erf_inv(T x) {
+  if constexpr (f32_lanes<T>) return erf_inv_f32(x);
+  else return lanewise(x, [](double v) { return erf_inv_f64(v); });
+}
 
 // Bitwise AND of two float or double scalars or vectors.
 template <class T>
@@ -342,6 +404,7 @@ MJ_UNARY(Gelu, x * fm::sigmoid(x * (S(1.5957691216057308) + S(0.0713548162726002
 MJ_UNARY(Tanh, fm::tanh(x))
 MJ_UNARY(Erf, fm::erf(x))
 MJ_UNARY(Erfc, fm::erfc(x))
+MJ_UNARY(ErfInv, fm::erf_inv(x))
 MJ_UNARY(Sin, fm::sin(x))
 MJ_UNARY(Cos, fm::cos(x))
 // -1 or 1; zeros keep their sign and NaN stays NaN, as XLA's sign
@@ -421,6 +484,7 @@ MJ_BINARY(Sub, a - b)
 MJ_BINARY(Mul, a * b)
 MJ_BINARY(Div, a / b)
 MJ_BINARY(Max, fm::max_nan(a, b))
+MJ_BINARY(Rem, fm::rem(a, b))
 #undef MJ_BINARY
 
 // x where the mask m (0 or 1) holds, else the fill c; WhereNot: where it does not hold. The

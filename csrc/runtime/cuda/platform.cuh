@@ -138,6 +138,29 @@ MJ_HD float m_sin(float x) { return ::sinf(x); }
 MJ_HD double m_sin(double x) { return ::sin(x); }
 MJ_HD float m_cos(float x) { return ::cosf(x); }
 MJ_HD double m_cos(double x) { return ::cos(x); }
+MJ_HD float m_rem(float x, float y) { return ::fmodf(x, y); }
+MJ_HD double m_rem(double x, double y) { return ::fmod(x, y); }
+#if defined(MJ_EMU)
+// Host libm has no erfinv: Newton steps from sqrt(-log(1 - x^2)), on erf near 0 and on
+// log(erfc) in the tail (where erf saturates), to a few ulps of double.
+inline double m_erfinv(double x) {
+  const double a = std::fabs(x);
+  if (!(a < 1.0)) return a == 1.0 ? x * static_cast<double>(INFINITY) : static_cast<double>(NAN);
+  double y = std::sqrt(-std::log((1.0 - a) * (1.0 + a)));
+  for (int i = 0; i < 100; ++i) {
+    const double d = 1.1283791670955126 * std::exp(-y * y);  // erf'(y)
+    const double e = std::erfc(y);
+    const double step = a < 0.5 ? (std::erf(y) - a) / d : -(std::log(e) - std::log1p(-a)) * e / d;
+    y -= step;
+    if (std::fabs(step) <= 1e-15 * y) break;
+  }
+  return std::copysign(y, x);
+}
+inline float m_erfinv(float x) { return static_cast<float>(m_erfinv(static_cast<double>(x))); }
+#else
+MJ_HD float m_erfinv(float x) { return ::erfinvf(x); }
+MJ_HD double m_erfinv(double x) { return ::erfinv(x); }
+#endif
 MJ_HD float m_pow(float x, float y) { return ::powf(x, y); }
 MJ_HD double m_pow(double x, double y) { return ::pow(x, y); }
 
