@@ -136,7 +136,8 @@ class OpInfo:
     scalar_attr: str = ""
     # binary ops: op(a, b) == op(b, a)
     commutative: bool = False
-    # binary ops: op(x, x) is x or a constant (x - x, x / x, max(x, x)): never searched
+    # binary ops: op(x, x) is x or a constant (x - x, x / x, max(x, x), rem(x, x)): never
+    # searched
     trivial_on_itself: bool = False
     # the CPU cost model: vector element operations per element (a multiply is 1)
     element_flops: float = 1.0
@@ -255,7 +256,7 @@ def _info() -> dict[Op, OpInfo]:
         Op.MAX: binary("Max", "max(x, y)", "fresh", commutative=True, trivial_on_itself=True),
         # trunc is a new value to the abstraction and the field: the rest is exact algebra
         Op.REM: binary("Rem", "add(x, neg(mul(y, fn[trunc](mul(x, inv(y))))))", "remainder",
-                       element_flops=250.0, transcendental=True),
+                       element_flops=250.0, transcendental=True, trivial_on_itself=True),
         # in the field, m y + (1 - m) fill over a 0/1 mask; to the abstraction a new value of y
         Op.WHERE: binary("Where", "fn[where](y)", "product", attrs={"fill": REQUIRED},
                          scalar_attr="fill"),
